@@ -1,0 +1,63 @@
+// Package witness defines how the proxy asks the kernel what really happened
+// to the bytes of one attempt on one upstream socket.
+//
+// The proxy takes a Snapshot of the upstream socket when the request write
+// starts and another when the attempt fails. Only NoByteLeft(before, after)
+// may upgrade the evidence sent_no_response to not_sent (spec section 1);
+// anything short of that proof keeps sent_no_response.
+//
+// Implementations: TCPInfo (getsockopt TCP_INFO, Linux; the fallback), the
+// eBPF witness in agent/ (socket records keyed by socket cookie), and Memory
+// for tests that need no network.
+package witness
+
+import (
+	"errors"
+	"syscall"
+	"time"
+)
+
+// ErrUnsupported is returned by Snapshot when the witness cannot observe this
+// kind of connection (not TCP, or the platform has no such counters).
+var ErrUnsupported = errors.New("witness: unsupported connection")
+
+// Counters is what the kernel says about one socket at one instant.
+// Counters that an implementation cannot read stay zero and the matching
+// Has* flag stays false; NoByteLeft refuses to prove anything from them.
+type Counters struct {
+	// BytesSent counts payload bytes the socket handed to the network,
+	// retransmissions included (tcpi_bytes_sent).
+	BytesSent    uint64
+	HasBytesSent bool
+	// DataSegsOut counts data segments sent (tcpi_data_segs_out).
+	DataSegsOut    uint64
+	HasDataSegsOut bool
+	// BytesAcked counts payload bytes the peer acknowledged.
+	BytesAcked uint64
+	// Retransmits and RTOs count retransmitted segments and RTO firings.
+	Retransmits uint32
+	RTOs        uint32
+	// ResetReceived says the peer sent a RST; ResetAt is when, if known.
+	ResetReceived bool
+	ResetAt       time.Time
+	// State is the TCP state (linux TCP_* numbering), 0 if unknown.
+	State uint8
+	// Source names the implementation that produced the counters.
+	Source string
+}
+
+// Witness observes upstream sockets.
+type Witness interface {
+	// Snapshot reads the counters of the socket behind c.
+	Snapshot(c syscall.RawConn) (Counters, error)
+}
+
+// NoByteLeft reports whether the two snapshots prove that no byte was sent on
+// the socket between them: the sent-byte counter and the data-segment counter
+// are both readable in both snapshots and neither moved.
+func NoByteLeft(before, after Counters) bool {
+	if !before.HasBytesSent || !after.HasBytesSent || !before.HasDataSegsOut || !after.HasDataSegsOut {
+		return false
+	}
+	return before.BytesSent == after.BytesSent && before.DataSegsOut == after.DataSegsOut
+}
