@@ -1,0 +1,125 @@
+// Package retry applies egret's retry engine to Go programs: Transport is an
+// http.RoundTripper that wraps another one, runs attempts, gathers the
+// evidence of each (stage reached, transport error, kernel witness), asks
+// engine.Decide, waits, and tells the truth when it stops. The node proxy
+// runs its upstream attempts through the same Transport.
+package retry
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+// Policy is what one request's upstream allows. The proxy builds it from the
+// policy file; a Go program sets it on the Transport.
+type Policy struct {
+	// Upstream names the retry budget (node-wide, per upstream), e.g.
+	// "api.example.com:443".
+	Upstream    string
+	MaxAttempts int
+	// Timeout bounds the whole request, waits included (0: none).
+	// AttemptTimeout bounds one attempt up to its final response headers
+	// (0: none). MinAttempt is the least time worth starting an attempt in.
+	Timeout        time.Duration
+	AttemptTimeout time.Duration
+	MinAttempt     time.Duration
+	Backoff        engine.Backoff
+	Budget         engine.BudgetConfig
+	// TransientStatuses are 5xx statuses (other than 502-504) to retry for
+	// idempotent requests.
+	TransientStatuses []int
+	// Idempotency resolves "safely idempotent" for this request (route
+	// already matched by the caller).
+	Idempotency engine.Idempotency
+	// Refresh, when set, refreshes the credential after a 401 and rewrites
+	// the request's credentials; it is used at most once a request.
+	Refresh func(ctx context.Context, req *http.Request) error
+}
+
+// DefaultPolicy follows the spec's simulate defaults: 3 attempts, full
+// jitter 25 ms to 1 s, minimum attempt 50 ms, budget 0.2 / 10 a second /
+// 10 s, and a 15 s overall timeout.
+func DefaultPolicy(upstream string) Policy {
+	return Policy{
+		Upstream:    upstream,
+		MaxAttempts: 3,
+		Timeout:     15 * time.Second,
+		MinAttempt:  50 * time.Millisecond,
+		Backoff:     engine.DefaultBackoff,
+		Budget:      engine.DefaultBudget,
+	}
+}
+
+// Stage is how far an attempt got before it ended.
+type Stage uint8
+
+const (
+	StagePool Stage = iota + 1 // waiting for a connection or a bulkhead permit
+	StageDNS
+	StageConnect
+	StageTLS
+	StageWrite    // writing the request
+	StageHeaders  // waiting for final response headers
+	StageBody     // reading the response body
+	StageComplete // the attempt ended with a response
+)
+
+func (s Stage) String() string {
+	switch s {
+	case StagePool:
+		return "pool"
+	case StageDNS:
+		return "dns"
+	case StageConnect:
+		return "connect"
+	case StageTLS:
+		return "tls"
+	case StageWrite:
+		return "write"
+	case StageHeaders:
+		return "headers"
+	case StageBody:
+		return "body"
+	case StageComplete:
+		return "complete"
+	}
+	return "unknown"
+}
+
+// Attempt is the record of one attempt, kept for `egret explain`.
+type Attempt struct {
+	N        int
+	Start    time.Time
+	Duration time.Duration
+	Stage    Stage
+	Failure  engine.Category // CategoryNone when a response arrived
+	// Evidence is what the decision used; Upgraded says the kernel witness
+	// proved not_sent for a stage that alone gave sent_no_response.
+	Evidence engine.Evidence
+	Upgraded bool
+	// WitnessBefore/After are the upstream socket's counters when the
+	// request write started and when the attempt failed (zero if none).
+	WitnessBefore, WitnessAfter witness.Counters
+	Status                      int
+	Err                         string
+	Decision                    engine.Result
+	// Budget is the upstream's retry tokens when the decision was taken.
+	Budget float64
+}
+
+// Trace is the short history of one request.
+type Trace struct {
+	RequestID  string
+	Method     string
+	URL        string
+	Upstream   string
+	Idempotent bool
+	Body       engine.Body
+	Start      time.Time
+	Attempts   []Attempt
+	Outcome    engine.Outcome
+}
