@@ -1,0 +1,649 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+/*
+ * egret's eBPF programs. One object so that every program shares the same
+ * maps; see README.md in this directory for the design.
+ *
+ *   cgroup/connect4, cgroup/connect6  (pod cgroups)   redirect TCP connects
+ *   sockops                           (pod + egret)   tuple map, witness
+ *   cgroup/getsockopt                 (egret cgroup)  answer SO_ORIGINAL_DST
+ *   tp_btf programs                   (global)        witness events
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
+
+#include "egret.h"
+
+struct sock;
+struct sk_buff;
+
+#define AF_INET 2
+#define AF_INET6 10
+#define SOCK_STREAM 1
+#define IPPROTO_TCP 6
+#define SOL_IP 0
+#define SOL_IPV6 41
+#define SO_ORIGINAL_DST 80 /* also IP6T_SO_ORIGINAL_DST */
+#define TCP_CLOSE 7
+#define MAX_CGROUP_LEVEL 32
+
+/* Minimal kernel struct for CO-RE reads from tp_btf programs. Only the
+ * fields named here are relocated against the running kernel's BTF. */
+struct tcp_sock {
+	__u32 data_segs_out;
+	__u64 bytes_sent;
+	__u32 snd_nxt;
+	__u32 snd_una;
+	__u64 bytes_acked;
+	__u32 total_retrans;
+} __attribute__((preserve_access_index));
+
+struct egret_sockaddr_in {
+	__u16 family;
+	__u16 port; /* network order */
+	__u32 addr;
+	__u8 zero[8];
+};
+
+struct egret_sockaddr_in6 {
+	__u16 family;
+	__u16 port;
+	__u32 flowinfo;
+	__u32 addr[4];
+	__u32 scope_id;
+};
+
+/* ---- maps (all pinned by name so a restarted agent adopts them) ---- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct pod_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_pods SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct globals);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_globals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__type(key, struct excl_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_excl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct redirect_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_redir_sk SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct tuple_key);
+	__type(value, struct orig_dst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_tuples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct witness_rec);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_witness SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_events SEC(".maps");
+
+/* Not called: its prototype puts struct event into BTF for bpf2go -type,
+ * without adding a global variable. */
+__attribute__((noinline)) int egret_event_btf(struct event *ev)
+{
+	return ev != 0;
+}
+
+/* ---- helpers ---- */
+
+static __always_inline __u32 egret_mark(void)
+{
+	__u32 zero = 0;
+	struct globals *g = bpf_map_lookup_elem(&egret_globals, &zero);
+
+	return g ? g->mark : 0;
+}
+
+static __always_inline int is_egret_sock(struct bpf_sock *sk)
+{
+	__u32 mark = egret_mark();
+
+	return mark != 0 && sk->mark == mark;
+}
+
+/* The pod whose cgroup is the caller's cgroup or its nearest ancestor with
+ * a config (a pod cgroup may have container cgroups below it). */
+static __always_inline struct pod_config *find_pod(__u64 *id)
+{
+	__u64 cg = bpf_get_current_cgroup_id();
+	struct pod_config *pc = bpf_map_lookup_elem(&egret_pods, &cg);
+
+	if (pc) {
+		*id = cg;
+		return pc;
+	}
+	for (int lvl = MAX_CGROUP_LEVEL - 1; lvl >= 0; lvl--) {
+		__u64 a = bpf_get_current_ancestor_cgroup_id(lvl);
+
+		if (!a)
+			continue;
+		pc = bpf_map_lookup_elem(&egret_pods, &a);
+		if (pc) {
+			*id = a;
+			return pc;
+		}
+	}
+	return 0;
+}
+
+static __always_inline int port_excluded(struct pod_config *pc, __u16 port)
+{
+	__u32 idx = port >> 6;
+
+	if (idx >= 1024)
+		return 1;
+	return (pc->excluded_ports[idx] >> (port & 63)) & 1;
+}
+
+static __always_inline int addr_excluded(__u64 cgid, const __u32 addr[4])
+{
+	struct excl_key k = {
+		.prefixlen = 64 + 128,
+	};
+
+	__builtin_memcpy(k.cgroup, &cgid, sizeof(cgid));
+	k.addr[0] = addr[0];
+	k.addr[1] = addr[1];
+	k.addr[2] = addr[2];
+	k.addr[3] = addr[3];
+	return bpf_map_lookup_elem(&egret_excl, &k) != 0;
+}
+
+static __always_inline void map4(__u32 out[4], __u32 ip4)
+{
+	out[0] = 0;
+	out[1] = 0;
+	out[2] = bpf_htonl(0xffff);
+	out[3] = ip4;
+}
+
+static __always_inline int is_mapped4(const __u32 a[4])
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline int loopback4(__u32 ip4)
+{
+	/* 127.0.0.0/8 and 0.0.0.0 (which connects to the local host). */
+	return (bpf_ntohl(ip4) >> 24) == 127 || ip4 == 0;
+}
+
+static __always_inline int loopback6(const __u32 a[4])
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == 0 &&
+	       (a[3] == 0 || a[3] == bpf_htonl(1));
+}
+
+/* Fail-open: redirect only while the pod's egret listener exists in the
+ * caller's network namespace. If egret dies its listeners close with it and
+ * connects go direct until it listens again. */
+static __always_inline int listener4_alive(struct bpf_sock_addr *ctx, struct pod_config *pc)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *l;
+
+	t.ipv4.daddr = pc->listen_ip4;
+	t.ipv4.dport = bpf_htons(pc->listen_port4);
+	l = bpf_sk_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!l)
+		return 0;
+	bpf_sk_release(l);
+	return 1;
+}
+
+static __always_inline int listener6_alive(struct bpf_sock_addr *ctx, struct pod_config *pc)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *l;
+
+	t.ipv6.daddr[0] = pc->listen_ip6[0];
+	t.ipv6.daddr[1] = pc->listen_ip6[1];
+	t.ipv6.daddr[2] = pc->listen_ip6[2];
+	t.ipv6.daddr[3] = pc->listen_ip6[3];
+	t.ipv6.dport = bpf_htons(pc->listen_port6);
+	l = bpf_sk_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	if (!l)
+		return 0;
+	bpf_sk_release(l);
+	return 1;
+}
+
+static __always_inline int remember(struct bpf_sock_addr *ctx, __u64 cgid,
+				    const __u32 addr[4], __u16 port, __u16 family)
+{
+	struct redirect_state *st;
+
+	if (!ctx->sk)
+		return 0;
+	st = bpf_sk_storage_get(&egret_redir_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return 0;
+	st->orig.addr[0] = addr[0];
+	st->orig.addr[1] = addr[1];
+	st->orig.addr[2] = addr[2];
+	st->orig.addr[3] = addr[3];
+	st->orig.port = port;
+	st->orig.family = family;
+	st->orig.cgroup_id = cgid;
+	st->has_key = 0;
+	return 1;
+}
+
+/* ---- redirection ---- */
+
+SEC("cgroup/connect4")
+int egret_connect4(struct bpf_sock_addr *ctx)
+{
+	struct pod_config *pc;
+	__u32 dst, a[4];
+	__u16 port;
+	__u64 cgid = 0;
+
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 1;
+	if (!ctx->sk || is_egret_sock(ctx->sk))
+		return 1;
+	pc = find_pod(&cgid);
+	if (!pc || !(pc->flags & EGRET_POD_HAS_V4))
+		return 1;
+
+	dst = ctx->user_ip4;
+	port = bpf_ntohs((__u16)ctx->user_port);
+	if (dst == pc->listen_ip4 && port == pc->listen_port4)
+		return 1;
+	if (loopback4(dst) && !(pc->flags & EGRET_POD_REDIRECT_LOOPBACK))
+		return 1;
+	if (port_excluded(pc, port))
+		return 1;
+	map4(a, dst);
+	if (addr_excluded(cgid, a))
+		return 1;
+	if (!listener4_alive(ctx, pc))
+		return 1;
+	if (!remember(ctx, cgid, a, port, AF_INET))
+		return 1; /* no place to keep the original: leave it alone */
+
+	ctx->user_ip4 = pc->listen_ip4;
+	ctx->user_port = bpf_htons(pc->listen_port4);
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int egret_connect6(struct bpf_sock_addr *ctx)
+{
+	struct pod_config *pc;
+	__u32 a[4];
+	__u16 port;
+	__u64 cgid = 0;
+
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 1;
+	if (!ctx->sk || is_egret_sock(ctx->sk))
+		return 1;
+	pc = find_pod(&cgid);
+	if (!pc)
+		return 1;
+
+	a[0] = ctx->user_ip6[0];
+	a[1] = ctx->user_ip6[1];
+	a[2] = ctx->user_ip6[2];
+	a[3] = ctx->user_ip6[3];
+	port = bpf_ntohs((__u16)ctx->user_port);
+
+	if (is_mapped4(a)) {
+		/* A dual-stack socket dialing an IPv4 address. */
+		if (!(pc->flags & EGRET_POD_HAS_V4))
+			return 1;
+		if (a[3] == pc->listen_ip4 && port == pc->listen_port4)
+			return 1;
+		if (loopback4(a[3]) && !(pc->flags & EGRET_POD_REDIRECT_LOOPBACK))
+			return 1;
+		if (port_excluded(pc, port) || addr_excluded(cgid, a))
+			return 1;
+		if (!listener4_alive(ctx, pc))
+			return 1;
+		if (!remember(ctx, cgid, a, port, AF_INET))
+			return 1;
+		ctx->user_ip6[3] = pc->listen_ip4;
+		ctx->user_port = bpf_htons(pc->listen_port4);
+		return 1;
+	}
+
+	if (!(pc->flags & EGRET_POD_HAS_V6))
+		return 1;
+	if (a[0] == pc->listen_ip6[0] && a[1] == pc->listen_ip6[1] &&
+	    a[2] == pc->listen_ip6[2] && a[3] == pc->listen_ip6[3] &&
+	    port == pc->listen_port6)
+		return 1;
+	if (loopback6(a) && !(pc->flags & EGRET_POD_REDIRECT_LOOPBACK))
+		return 1;
+	if (port_excluded(pc, port) || addr_excluded(cgid, a))
+		return 1;
+	if (!listener6_alive(ctx, pc))
+		return 1;
+	if (!remember(ctx, cgid, a, port, AF_INET6))
+		return 1;
+	ctx->user_ip6[0] = pc->listen_ip6[0];
+	ctx->user_ip6[1] = pc->listen_ip6[1];
+	ctx->user_ip6[2] = pc->listen_ip6[2];
+	ctx->user_ip6[3] = pc->listen_ip6[3];
+	ctx->user_port = bpf_htons(pc->listen_port6);
+	return 1;
+}
+
+/* ---- original destination: SO_ORIGINAL_DST on the accepted socket ---- */
+
+SEC("cgroup/getsockopt")
+int egret_getsockopt(struct bpf_sockopt *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct tuple_key k = {};
+	struct orig_dst *o;
+
+	if (ctx->optname != SO_ORIGINAL_DST)
+		return 1;
+	if (ctx->level != SOL_IP && ctx->level != SOL_IPV6)
+		return 1;
+	if (!sk || sk->protocol != IPPROTO_TCP)
+		return 1;
+
+	k.netns = bpf_get_netns_cookie(ctx);
+	if (sk->family == AF_INET) {
+		map4(k.server, sk->src_ip4);
+		map4(k.client, sk->dst_ip4);
+	} else if (sk->family == AF_INET6) {
+		k.server[0] = sk->src_ip6[0];
+		k.server[1] = sk->src_ip6[1];
+		k.server[2] = sk->src_ip6[2];
+		k.server[3] = sk->src_ip6[3];
+		k.client[0] = sk->dst_ip6[0];
+		k.client[1] = sk->dst_ip6[1];
+		k.client[2] = sk->dst_ip6[2];
+		k.client[3] = sk->dst_ip6[3];
+	} else {
+		return 1;
+	}
+	k.server_port = sk->src_port;
+	k.client_port = bpf_ntohs(sk->dst_port);
+
+	o = bpf_map_lookup_elem(&egret_tuples, &k);
+	if (!o)
+		return 1; /* not ours: keep the kernel's answer */
+
+	if (ctx->level == SOL_IP) {
+		struct egret_sockaddr_in *sin = ctx->optval;
+
+		if (!is_mapped4(o->addr))
+			return 1;
+		if ((void *)(sin + 1) > ctx->optval_end)
+			return 1;
+		sin->family = AF_INET;
+		sin->port = bpf_htons(o->port);
+		sin->addr = o->addr[3];
+		__builtin_memset(sin->zero, 0, sizeof(sin->zero));
+		ctx->optlen = sizeof(*sin);
+	} else {
+		struct egret_sockaddr_in6 *sin6 = ctx->optval;
+
+		if ((void *)(sin6 + 1) > ctx->optval_end)
+			return 1;
+		sin6->family = AF_INET6;
+		sin6->port = bpf_htons(o->port);
+		sin6->flowinfo = 0;
+		sin6->addr[0] = o->addr[0];
+		sin6->addr[1] = o->addr[1];
+		sin6->addr[2] = o->addr[2];
+		sin6->addr[3] = o->addr[3];
+		sin6->scope_id = 0;
+		ctx->optlen = sizeof(*sin6);
+	}
+	ctx->retval = 0;
+	return 1;
+}
+
+/* ---- sockops: tuple map for redirected clients, witness for egret ---- */
+
+static __always_inline void emit(struct witness_rec *r, __u32 type, __u16 old, __u16 new)
+{
+	struct event ev = {
+		.ts_ns = bpf_ktime_get_boot_ns(),
+		.cookie = r->cookie,
+		.tx_bytes = r->tx_bytes,
+		.bytes_acked = r->k_bytes_acked,
+		.type = type,
+		.data_segs_out = r->k_data_segs_out,
+		.total_retrans = r->k_total_retrans,
+		.old_state = old,
+		.new_state = new,
+	};
+
+	bpf_ringbuf_output(&egret_events, &ev, sizeof(ev), 0);
+}
+
+static __always_inline void ops_refresh(struct witness_rec *r, struct bpf_sock_ops *ctx)
+{
+	r->k_bytes_acked = ctx->bytes_acked;
+	r->k_data_segs_out = ctx->data_segs_out;
+	r->k_total_retrans = ctx->total_retrans;
+	r->snd_una = ctx->snd_una;
+	r->snd_nxt = ctx->snd_nxt;
+}
+
+static __always_inline void fill_client_key(struct tuple_key *k, struct bpf_sock_ops *ctx)
+{
+	k->netns = bpf_get_netns_cookie(ctx);
+	if (ctx->family == AF_INET) {
+		map4(k->client, ctx->local_ip4);
+		map4(k->server, ctx->remote_ip4);
+	} else {
+		k->client[0] = ctx->local_ip6[0];
+		k->client[1] = ctx->local_ip6[1];
+		k->client[2] = ctx->local_ip6[2];
+		k->client[3] = ctx->local_ip6[3];
+		k->server[0] = ctx->remote_ip6[0];
+		k->server[1] = ctx->remote_ip6[1];
+		k->server[2] = ctx->remote_ip6[2];
+		k->server[3] = ctx->remote_ip6[3];
+	}
+	k->client_port = ctx->local_port;
+	k->server_port = bpf_ntohl(ctx->remote_port);
+}
+
+static __always_inline void on_connect(struct bpf_sock_ops *ctx, struct bpf_sock *sk)
+{
+	struct redirect_state *st;
+	struct witness_rec *r;
+
+	st = bpf_sk_storage_get(&egret_redir_sk, sk, 0, 0);
+	if (st) {
+		/* A redirected pod socket: its source port is known now, before
+		 * the SYN, so the listener can find the original on accept. */
+		fill_client_key(&st->key, ctx);
+		st->has_key = 1;
+		bpf_map_update_elem(&egret_tuples, &st->key, &st->orig, BPF_ANY);
+		bpf_sock_ops_cb_flags_set(ctx, BPF_SOCK_OPS_STATE_CB_FLAG);
+		return;
+	}
+	if (!is_egret_sock(sk))
+		return;
+	r = bpf_sk_storage_get(&egret_witness, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!r)
+		return;
+	r->cookie = bpf_get_socket_cookie(ctx);
+	r->enrolled_ns = bpf_ktime_get_boot_ns();
+	r->flags |= EGRET_WITNESS_COMPLETE;
+	r->state = ctx->state;
+	ops_refresh(r, ctx);
+	bpf_sock_ops_cb_flags_set(ctx, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG |
+					       BPF_SOCK_OPS_RETRANS_CB_FLAG |
+					       BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+}
+
+SEC("sockops")
+int egret_sockops(struct bpf_sock_ops *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct witness_rec *r;
+	struct redirect_state *st;
+
+	if (!sk)
+		return 1;
+
+	switch (ctx->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		on_connect(ctx, sk);
+		break;
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		/* Runs for every segment this socket transmits, just before it
+		 * is handed to IP; skb_len is its payload. */
+		r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+		if (!r)
+			break;
+		if (ctx->skb_len > 0) {
+			r->tx_bytes += ctx->skb_len;
+			r->tx_data_skbs++;
+		}
+		ops_refresh(r, ctx);
+		break;
+	case BPF_SOCK_OPS_RTO_CB:
+		r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+		if (!r)
+			break;
+		r->rtos++;
+		ops_refresh(r, ctx);
+		emit(r, EGRET_EV_RTO, r->state, r->state);
+		break;
+	case BPF_SOCK_OPS_RETRANS_CB:
+		r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+		if (!r)
+			break;
+		if (ctx->args[2] == 0)
+			r->retrans_segs += ctx->args[1];
+		ops_refresh(r, ctx);
+		break;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+		if (r)
+			ops_refresh(r, ctx);
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (ctx->args[1] != TCP_CLOSE)
+			break;
+		st = bpf_sk_storage_get(&egret_redir_sk, sk, 0, 0);
+		if (st && st->has_key) {
+			bpf_map_delete_elem(&egret_tuples, &st->key);
+			st->has_key = 0;
+		}
+		break;
+	}
+	return 1;
+}
+
+/* ---- tp_btf: witness events (global; only tracked sockets count) ---- */
+
+static __always_inline void tp_refresh(struct witness_rec *r, struct sock *sk)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+
+	if (!tp)
+		return;
+	r->k_bytes_sent = tp->bytes_sent;
+	r->k_bytes_acked = tp->bytes_acked;
+	r->k_data_segs_out = tp->data_segs_out;
+	r->k_total_retrans = tp->total_retrans;
+	r->snd_una = tp->snd_una;
+	r->snd_nxt = tp->snd_nxt;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(egret_set_state, struct sock *sk, int oldstate, int newstate)
+{
+	struct witness_rec *r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+
+	if (!r)
+		return 0;
+	r->state = newstate;
+	tp_refresh(r, sk);
+	emit(r, EGRET_EV_STATE, oldstate, newstate);
+	return 0;
+}
+
+SEC("tp_btf/tcp_receive_reset")
+int BPF_PROG(egret_rx_reset, struct sock *sk)
+{
+	struct witness_rec *r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+
+	if (!r)
+		return 0;
+	if (!r->reset_ns)
+		r->reset_ns = bpf_ktime_get_boot_ns();
+	r->resets++;
+	tp_refresh(r, sk);
+	emit(r, EGRET_EV_RESET, r->state, r->state);
+	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(egret_retransmit, struct sock *sk, struct sk_buff *skb)
+{
+	struct witness_rec *r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+
+	if (!r)
+		return 0;
+	tp_refresh(r, sk);
+	emit(r, EGRET_EV_RETRANSMIT, r->state, r->state);
+	return 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(egret_send_length, struct sock *sk, int ret, int flags)
+{
+	struct witness_rec *r;
+
+	if (ret <= 0)
+		return 0;
+	r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+	if (!r)
+		return 0;
+	r->app_bytes += ret;
+	tp_refresh(r, sk);
+	return 0;
+}
+
+char _license[] SEC("license") = "Dual MIT/GPL";
