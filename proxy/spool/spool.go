@@ -1,0 +1,269 @@
+// Package spool holds an HTTP request body so that it can be sent again:
+// in memory up to one limit (engine.BodyReplayable), in a temporary file up
+// to a larger one (engine.BodyReopenable), and beyond that as the original
+// stream, readable once (engine.BodyOneShot).
+//
+// A body whose length is known is classified by its Content-Length before a
+// byte of it is read, so a huge upload is never read ahead only to be found
+// one-shot. A body of unknown length (chunked) is read into memory, then
+// into the file, and when it outgrows the spool limit it becomes one-shot:
+// the spooled part followed by the rest of the stream.
+package spool
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/egret-proxy/egret/engine"
+)
+
+// Errors of this package; match them with errors.Is.
+var (
+	// ErrShortBody: the stream ended before its declared length.
+	ErrShortBody = errors.New("spool: body shorter than its Content-Length")
+	// ErrClosed: the body was read after Close.
+	ErrClosed = errors.New("spool: body closed")
+	// ErrNotReplayable: Reopen on a one-shot body.
+	ErrNotReplayable = errors.New("spool: body is one-shot")
+)
+
+// Limits say where a body is held. A body of at most Memory bytes stays in
+// memory; one of at most Spool bytes goes to a temporary file in Dir (the
+// system's default when empty); a larger one is streamed once. Spool below
+// Memory means no spooling.
+type Limits struct {
+	Memory int64
+	Spool  int64
+	Dir    string
+}
+
+// DefaultLimits: 1 MiB in memory, 64 MiB spooled.
+var DefaultLimits = Limits{Memory: 1 << 20, Spool: 64 << 20}
+
+// Body is a request body held by this package. It is an io.ReadCloser for
+// the first dispatch; Reopen gives a fresh reader from the start for a
+// replayable or reopenable body. Close releases it (the temporary file is
+// removed). Read and Close are safe to call from different goroutines, as
+// http.Transport does.
+type Body struct {
+	kind engine.Body
+	mem  []byte
+	file *os.File
+	size int64 // bytes held (mem or file); -1 unknown for a one-shot stream
+
+	mu       sync.Mutex
+	r        io.Reader // the first dispatch's reader
+	eof      bool
+	closed   bool
+	consumed int64
+}
+
+// New reads src according to its declared length: contentLength >= 0 is the
+// Content-Length, -1 means unknown (chunked). src must end at the end of the
+// body (a chunked decoder, or a reader limited to the Content-Length). A
+// one-shot Body keeps reading src when it is read.
+func New(src io.Reader, contentLength int64, lim Limits) (*Body, error) {
+	if lim.Spool < lim.Memory {
+		lim.Spool = lim.Memory
+	}
+	switch {
+	case contentLength == 0:
+		return &Body{kind: engine.BodyNone, r: bytes.NewReader(nil)}, nil
+	case contentLength > 0 && contentLength <= lim.Memory:
+		buf := make([]byte, contentLength)
+		if _, err := io.ReadFull(src, buf); err != nil {
+			return nil, shortErr(err)
+		}
+		return memBody(buf), nil
+	case contentLength > 0 && contentLength <= lim.Spool:
+		f, err := tempFile(lim.Dir)
+		if err != nil {
+			return nil, err
+		}
+		n, err := io.Copy(f, io.LimitReader(src, contentLength))
+		if err == nil && n < contentLength {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			discard(f)
+			return nil, shortErr(err)
+		}
+		return fileBody(f, n), nil
+	case contentLength > 0:
+		return &Body{kind: engine.BodyOneShot, size: contentLength, r: src}, nil
+	}
+	return readUnknown(src, lim)
+}
+
+// readUnknown holds a body of unknown length: memory, then file, then the
+// spooled part followed by the rest of src.
+func readUnknown(src io.Reader, lim Limits) (*Body, error) {
+	var buf bytes.Buffer
+	n, err := buf.ReadFrom(io.LimitReader(src, lim.Memory+1))
+	if err != nil {
+		return nil, err
+	}
+	if n <= lim.Memory {
+		if n == 0 {
+			return &Body{kind: engine.BodyNone, r: bytes.NewReader(nil)}, nil
+		}
+		return memBody(buf.Bytes()), nil
+	}
+	f, err := tempFile(lim.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		discard(f)
+		return nil, err
+	}
+	m, err := io.Copy(f, io.LimitReader(src, lim.Spool+1-n))
+	if err != nil {
+		discard(f)
+		return nil, err
+	}
+	if n+m <= lim.Spool {
+		return fileBody(f, n+m), nil
+	}
+	// Too big to keep: what was spooled, then the rest, once.
+	return &Body{
+		kind: engine.BodyOneShot,
+		file: f,
+		size: -1,
+		r:    io.MultiReader(io.NewSectionReader(f, 0, n+m), src),
+	}, nil
+}
+
+func memBody(b []byte) *Body {
+	return &Body{kind: engine.BodyReplayable, mem: b, size: int64(len(b)), r: bytes.NewReader(b)}
+}
+
+func fileBody(f *os.File, n int64) *Body {
+	return &Body{kind: engine.BodyReopenable, file: f, size: n, r: io.NewSectionReader(f, 0, n)}
+}
+
+func tempFile(dir string) (*os.File, error) {
+	f, err := os.CreateTemp(dir, "egret-body-*")
+	if err != nil {
+		return nil, fmt.Errorf("spool: %w", err)
+	}
+	return f, nil
+}
+
+func discard(f *os.File) {
+	_ = f.Close()
+	_ = os.Remove(f.Name())
+}
+
+func shortErr(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: %w", ErrShortBody, err)
+	}
+	return err
+}
+
+// BodyKind reports the body's replayability for the retry engine.
+func (b *Body) BodyKind() engine.Body { return b.kind }
+
+// Len is the number of bytes of the body when known, else -1. A one-shot
+// body of known Content-Length reports it.
+func (b *Body) Len() int64 {
+	if b.kind == engine.BodyNone {
+		return 0
+	}
+	return b.size
+}
+
+// Path is the temporary file's name, "" when the body is not spooled.
+func (b *Body) Path() string {
+	if b.file == nil {
+		return ""
+	}
+	return b.file.Name()
+}
+
+// Read reads the first dispatch of the body.
+func (b *Body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0, ErrClosed
+	}
+	n, err := b.r.Read(p)
+	b.consumed += int64(n)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
+// Done reports whether the first dispatch's reader reached the end of the
+// body, i.e. nothing of the client's stream is left unread.
+func (b *Body) Done() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.eof || b.kind != engine.BodyOneShot
+}
+
+// Reopen returns a new reader of the whole body, for another attempt (it
+// fits http.Request.GetBody). It fails with ErrNotReplayable on a one-shot
+// body and ErrClosed after Close.
+func (b *Body) Reopen() (io.ReadCloser, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return nil, ErrClosed
+	case b.kind == engine.BodyOneShot:
+		return nil, ErrNotReplayable
+	case b.file != nil:
+		return &reopened{b: b, r: io.NewSectionReader(b.file, 0, b.size)}, nil
+	}
+	return io.NopCloser(bytes.NewReader(b.mem)), nil
+}
+
+// reopened reads a spooled file and fails once the body is released.
+type reopened struct {
+	b *Body
+	r io.Reader
+}
+
+func (r *reopened) Read(p []byte) (int, error) {
+	r.b.mu.Lock()
+	closed := r.b.closed
+	r.b.mu.Unlock()
+	if closed {
+		return 0, ErrClosed
+	}
+	return r.r.Read(p)
+}
+
+func (r *reopened) Close() error { return nil }
+
+// Close does nothing: the transport closes a request body when it is done
+// with one attempt, and another attempt may still Reopen it. Release frees
+// it once the request has been answered.
+func (b *Body) Close() error { return nil }
+
+// Release ends the body's life: Read and Reopen fail and the temporary file
+// is removed. It is called once the request has been answered.
+func (b *Body) Release() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	if b.file != nil {
+		err := b.file.Close()
+		if rerr := os.Remove(b.file.Name()); err == nil {
+			err = rerr
+		}
+		return err
+	}
+	return nil
+}
