@@ -1,0 +1,217 @@
+package bpfload_test
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
+)
+
+var (
+	listen4 = netip.MustParseAddrPort("127.0.0.1:15001")
+	listen6 = netip.MustParseAddrPort("[::1]:15001")
+)
+
+func TestRedirectIPv4RecoversOriginal(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4})
+	egret := listen(t, e.self, p.ns, listen4.String())
+
+	client, res := dial(t, p.cg, p.ns, bpftest.Op{Addr: "192.0.2.10:8080"})
+	if res.Peer != listen4.String() {
+		t.Errorf("client peer = %s, want the listener %s", res.Peer, listen4)
+	}
+	srv := expectAt(t, egret)
+	if got := origDst(t, srv); got != netip.MustParseAddrPort("192.0.2.10:8080") {
+		t.Fatalf("original destination = %s", got)
+	}
+	roundTrip(t, client, srv)
+}
+
+func TestTwoPodsIdenticalTuples(t *testing.T) {
+	e := setup(t)
+	a := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4})
+	b := e.pod(t, "pod-b", bpfload.PodConfig{Listen4: listen4})
+	la := listen(t, e.self, a.ns, listen4.String())
+	lb := listen(t, e.self, b.ns, listen4.String())
+
+	// Same client address and port, same listener: the 4-tuples are equal
+	// in both namespaces; only the original destinations differ.
+	ca, ra := dial(t, a.cg, a.ns, bpftest.Op{Addr: "198.51.100.1:80", Local: "127.0.0.1:40000"})
+	cb, rb := dial(t, b.cg, b.ns, bpftest.Op{Addr: "198.51.100.2:81", Local: "127.0.0.1:40000"})
+	if ra.Local != rb.Local || ra.Peer != rb.Peer {
+		t.Fatalf("tuples differ: %+v %+v", ra, rb)
+	}
+	sa := expectAt(t, la)
+	sb := expectAt(t, lb)
+	if got := origDst(t, sa); got != netip.MustParseAddrPort("198.51.100.1:80") {
+		t.Errorf("pod a original = %s", got)
+	}
+	if got := origDst(t, sb); got != netip.MustParseAddrPort("198.51.100.2:81") {
+		t.Errorf("pod b original = %s", got)
+	}
+	roundTrip(t, ca, sa)
+	roundTrip(t, cb, sb)
+}
+
+func TestRedirectIPv6(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4, Listen6: listen6})
+	l6 := listen(t, e.self, p.ns, listen6.String())
+	l4 := listen(t, e.self, p.ns, listen4.String())
+
+	c, res := dial(t, p.cg, p.ns, bpftest.Op{Addr: "[2001:db8::10]:8443"})
+	if res.Peer != listen6.String() {
+		t.Errorf("client peer = %s", res.Peer)
+	}
+	s := expectAt(t, l6, l4)
+	if got := origDst(t, s); got != netip.MustParseAddrPort("[2001:db8::10]:8443") {
+		t.Fatalf("original = %s", got)
+	}
+	roundTrip(t, c, s)
+
+	// A dual-stack IPv6 socket dialing an IPv4 address goes to the IPv4
+	// listener and the original comes back as IPv4.
+	c, _ = dial(t, p.cg, p.ns, bpftest.Op{Family: unix.AF_INET6, Addr: "[::ffff:192.0.2.7]:80"})
+	s = expectAt(t, l4, l6)
+	if got := origDst(t, s); got != netip.MustParseAddrPort("192.0.2.7:80") {
+		t.Fatalf("original = %s", got)
+	}
+	roundTrip(t, c, s)
+}
+
+func TestWhatGoesDirect(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{
+		Listen4:         listen4,
+		ExcludePorts:    []uint16{8081},
+		ExcludePrefixes: []netip.Prefix{netip.MustParsePrefix("10.77.1.0/24")},
+	}, "10.77.0.1/32", "10.77.1.1/32")
+	egret := listen(t, e.self, p.ns, listen4.String())
+
+	cases := []struct {
+		name string
+		addr string
+		mark uint32
+	}{
+		{"loopback", "127.0.0.1:9000", 0},
+		{"default excluded port (MySQL)", "10.77.0.1:3306", 0},
+		{"excluded port", "10.77.0.1:8081", 0},
+		{"excluded CIDR", "10.77.1.1:8080", 0},
+		{"egret's own marked socket", "10.77.0.1:8080", e.l.Mark()},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			direct := listen(t, e.self, p.ns, tc.addr)
+			c, res := dial(t, p.cg, p.ns, bpftest.Op{Addr: tc.addr, Mark: tc.mark})
+			if res.Peer != tc.addr {
+				t.Errorf("client peer = %s, want %s", res.Peer, tc.addr)
+			}
+			s := expectAt(t, direct, egret)
+			if _, err := bpfload.OriginalDst(rawConn(t, s)); !errors.Is(err, bpfload.ErrNoOriginalDst) {
+				t.Errorf("OriginalDst on a direct connection: %v", err)
+			}
+			roundTrip(t, c, s)
+		})
+	}
+
+	// Not excluded: the same address on port 8080 is redirected.
+	direct := listen(t, e.self, p.ns, "10.77.0.1:8080")
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	s := expectAt(t, egret, direct)
+	if got := origDst(t, s); got.String() != "10.77.0.1:8080" {
+		t.Fatalf("original = %s", got)
+	}
+
+	// UDP is untouched.
+	f, res := bpftest.Socket(t, p.cg, p.ns, bpftest.Op{Kind: "udp", Family: unix.AF_INET, Addr: "10.77.0.1:53"})
+	if res.Err != "" || f == nil {
+		t.Fatalf("udp: %s", res.Err)
+	}
+	if res.Peer != "10.77.0.1:53" {
+		t.Fatalf("udp peer = %s", res.Peer)
+	}
+}
+
+func TestFailOpenWithoutListener(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4}, "10.77.0.1/32")
+	direct := listen(t, e.self, p.ns, "10.77.0.1:8080")
+
+	// No egret listener in the pod: connects go direct instead of failing.
+	_, res := dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	if res.Peer != "10.77.0.1:8080" {
+		t.Fatalf("peer = %s", res.Peer)
+	}
+	expectAt(t, direct)
+
+	// With the listener back, redirection resumes.
+	egret := listen(t, e.self, p.ns, listen4.String())
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	expectAt(t, egret, direct)
+
+	// And after it closes, direct again.
+	egret.Close()
+	_, res = dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	if res.Peer != "10.77.0.1:8080" {
+		t.Fatalf("peer after listener closed = %s", res.Peer)
+	}
+	expectAt(t, direct)
+}
+
+func TestDetachPod(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4}, "10.77.0.1/32")
+	egret := listen(t, e.self, p.ns, listen4.String())
+	direct := listen(t, e.self, p.ns, "10.77.0.1:8080")
+
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	expectAt(t, egret, direct)
+
+	if err := e.l.DetachPod(p.cg); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := e.l.Pods(); len(ids) != 0 {
+		t.Fatalf("pods after detach: %v", ids)
+	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	expectAt(t, direct, egret)
+}
+
+func TestRestartAdoptsPinnedState(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4}, "10.77.0.1/32")
+	egret := listen(t, e.self, p.ns, listen4.String())
+
+	// The agent goes away without cleaning up: pinned links keep working.
+	if err := e.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	if s := expectAt(t, egret); origDst(t, s).String() != "10.77.0.1:8080" {
+		t.Fatal("original lost while the agent was down")
+	}
+
+	// A new agent adopts the pinned maps and links.
+	l2, err := bpfload.Load(bpfload.Options{PinDir: e.pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.l = l2 // setup's cleanup removes through the new loader
+	ids, err := l2.Pods()
+	if err != nil || len(ids) != 1 || ids[0] != p.id {
+		t.Fatalf("adopted pods = %v, %v; want [%d]", ids, err, p.id)
+	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8081"})
+	if s := expectAt(t, egret); origDst(t, s).String() != "10.77.0.1:8081" {
+		t.Fatal("original wrong after adoption")
+	}
+	if _, err := os.Stat(e.pin); err != nil {
+		t.Fatal(err)
+	}
+}
