@@ -27,6 +27,7 @@ type env struct {
 	pin  string
 	cg   *bpftest.Cgroups
 	self string
+	upNS netns.NsHandle // upstream namespace, see env.upstream
 }
 
 func setup(t *testing.T) *env {

@@ -1,0 +1,174 @@
+package bpfload_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+const upstream = "10.77.0.1:9100"
+
+// upstreamPair dials upstream from egret's cgroup, marked like egret's own
+// upstream sockets, and returns both ends.
+func upstreamPair(t *testing.T, e *env, srv *net.TCPListener, mark uint32) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	c, _ := dial(t, e.self, e.upNS, bpftest.Op{Addr: upstream, Mark: mark})
+	s := accept(t, srv, 3*time.Second)
+	if s == nil {
+		t.Fatal("upstream saw no connection")
+	}
+	return c.(*net.TCPConn), s
+}
+
+func (e *env) upstream(t *testing.T) *net.TCPListener {
+	t.Helper()
+	e.upNS = bpftest.NewNetns(t, "10.77.0.1/32")
+	return listen(t, e.self, e.upNS, upstream)
+}
+
+func snapshot(t *testing.T, w witness.Witness, c *net.TCPConn) witness.Counters {
+	t.Helper()
+	ctr, err := w.Snapshot(rawConn(t, c))
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	return ctr
+}
+
+func TestWitnessCountsBytesSent(t *testing.T) {
+	e := setup(t)
+	srv := e.upstream(t)
+	w := e.l.Witness()
+
+	c, s := upstreamPair(t, e, srv, e.l.Mark())
+	before := snapshot(t, w, c)
+	if !before.HasBytesSent || !before.HasDataSegsOut || before.BytesSent != 0 || before.DataSegsOut != 0 || before.Source != bpfload.Source {
+		t.Fatalf("before any write: %+v", before)
+	}
+
+	const n = 200000
+	go func() {
+		_, _ = c.Write(make([]byte, n))
+	}()
+	_ = s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(s, make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	var after witness.Counters
+	for deadline := time.Now().Add(3 * time.Second); ; {
+		after = snapshot(t, w, c)
+		if after.BytesAcked >= n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// bytes_acked also counts the SYN, as tcpi_bytes_acked does.
+	if after.BytesSent != n || after.DataSegsOut < 1 || after.BytesAcked < n {
+		t.Fatalf("after %d bytes: %+v", n, after)
+	}
+	if witness.NoByteLeft(before, after) {
+		t.Fatal("NoByteLeft true although bytes left")
+	}
+	// The eBPF record itself counted the bytes (not only TCP_INFO).
+	rec, err := w.Record(rawConn(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.TxBytes != n || rec.TxDataSkbs < 1 || rec.AppBytes != n {
+		t.Fatalf("record: tx_bytes=%d tx_data_skbs=%d app_bytes=%d, want %d", rec.TxBytes, rec.TxDataSkbs, rec.AppBytes, n)
+	}
+	// And agrees with the kernel's own counters.
+	ti, err := witness.TCPInfo{}.Snapshot(rawConn(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ti.BytesSent != after.BytesSent || ti.DataSegsOut != after.DataSegsOut {
+		t.Fatalf("ebpf %+v vs tcp_info %+v", after, ti)
+	}
+	t.Logf("sent %d bytes: ebpf tx_bytes=%d tx_data_skbs=%d data_segs_out=%d", n, rec.TxBytes, rec.TxDataSkbs, after.DataSegsOut)
+
+	// A socket that sends nothing proves that nothing left.
+	idle, _ := upstreamPair(t, e, srv, e.l.Mark())
+	b := snapshot(t, w, idle)
+	time.Sleep(50 * time.Millisecond)
+	a := snapshot(t, w, idle)
+	if a.BytesSent != 0 || a.DataSegsOut != 0 || !witness.NoByteLeft(b, a) {
+		t.Fatalf("idle socket: before %+v after %+v", b, a)
+	}
+}
+
+func TestWitnessRecordsReset(t *testing.T) {
+	e := setup(t)
+	srv := e.upstream(t)
+	w := e.l.Witness()
+	events, err := e.l.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { events.Close() })
+
+	start := time.Now()
+	c, s := upstreamPair(t, e, srv, e.l.Mark())
+	cookie, err := bpfload.SocketCookie(rawConn(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, w, c)
+	// The upstream resets before the client sent a single byte.
+	if err := s.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	var after witness.Counters
+	for deadline := time.Now().Add(3 * time.Second); ; {
+		after = snapshot(t, w, c)
+		if after.ResetReceived || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !after.ResetReceived {
+		t.Fatalf("no reset recorded: %+v", after)
+	}
+	if after.ResetAt.Before(start.Add(-time.Second)) || after.ResetAt.After(time.Now().Add(time.Second)) {
+		t.Fatalf("ResetAt %v not within the test (started %v)", after.ResetAt, start)
+	}
+	if after.BytesSent != 0 || !witness.NoByteLeft(before, after) {
+		t.Fatalf("reset before any byte: before %+v after %+v", before, after)
+	}
+
+	// The ring buffer has the reset and the state changes of this socket.
+	seen := map[bpfload.EventType]bool{}
+	events.SetDeadline(time.Now().Add(3 * time.Second))
+	for !seen[bpfload.EventReset] || !seen[bpfload.EventState] {
+		ev, err := events.Read()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("events seen %v; want reset and state", seen)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Cookie != cookie {
+			continue
+		}
+		t.Logf("event %s %d->%d tx=%d at %s", ev.Type, ev.OldState, ev.NewState, ev.TxBytes, ev.Time.Format(time.RFC3339Nano))
+		seen[ev.Type] = true
+	}
+}
+
+func TestWitnessIgnoresUnmarkedSockets(t *testing.T) {
+	e := setup(t)
+	srv := e.upstream(t)
+	c, _ := upstreamPair(t, e, srv, 0)
+	if _, err := e.l.Witness().Snapshot(rawConn(t, c)); !errors.Is(err, witness.ErrUnsupported) {
+		t.Fatalf("unmarked socket: err = %v, want witness.ErrUnsupported", err)
+	}
+}
