@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Why a custom connection loop rather than net/http.Server: the proxy must
+// own the raw connection. In transparent mode it sniffs the first bytes and
+// hands non-HTTP connections over byte for byte; it must refuse
+// Content-Length with Transfer-Encoding (net/http quietly drops the
+// Content-Length), count header fields (net/http only bounds their size),
+// and abort the client connection when a relayed body breaks (net/http
+// would end a chunked body cleanly). So each connection is served here, and
+// net/http's parser (http.ReadRequest) is used on a head read with limits.
+
+type connState uint8
+
+const (
+	stateIdle   connState = iota // waiting for a request
+	stateActive                  // reading, forwarding or answering one
+	stateTunnel                  // CONNECT tunnel or passthrough
+)
+
+// conn is one client connection.
+type conn struct {
+	s     *Server
+	c     net.Conn
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	state connState // guarded by s.mu
+	dst   netip.AddrPort
+	head  []byte
+}
+
+var (
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+)
+
+func (c *conn) serve() {
+	defer c.s.removeConn(c)
+	defer c.c.Close()
+	c.br = readerPool.Get().(*bufio.Reader)
+	c.br.Reset(c.c)
+	c.bw = writerPool.Get().(*bufio.Writer)
+	c.bw.Reset(c.c)
+	defer func() {
+		c.br.Reset(nil)
+		readerPool.Put(c.br)
+		c.bw.Reset(nil)
+		writerPool.Put(c.bw)
+	}()
+	log := c.s.cfg.Logger
+	if c.s.cfg.Mode == Transparent {
+		dst, err := c.s.cfg.Resolver.OriginalDst(c.c)
+		if err != nil {
+			log.Warn("original destination", "client", c.c.RemoteAddr().String(), "err", err)
+			return
+		}
+		c.dst = dst
+		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
+		if err != nil {
+			return
+		}
+		if proto != ProtoHTTP1 {
+			c.passthrough(proto, c.dst.String(), nil)
+			return
+		}
+	}
+	for range maxRequestsPerConn {
+		if !c.next() {
+			return
+		}
+	}
+}
+
+// maxRequestsPerConn bounds the loop; a client reconnects after it.
+const maxRequestsPerConn = 1 << 20
+
+// next serves one request and reports whether the connection stays open.
+func (c *conn) next() bool {
+	cfg := &c.s.cfg
+	c.c.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
+	if _, err := c.br.Peek(1); err != nil {
+		return false
+	}
+	if !c.s.setState(c, stateActive) {
+		return false
+	}
+	defer c.s.setState(c, stateIdle)
+	start := time.Now()
+	c.c.SetReadDeadline(start.Add(cfg.ReadHeaderTimeout))
+	head, err := readHead(c.br, c.head, headLimits{maxBytes: cfg.MaxHeaderBytes, maxCount: cfg.MaxHeaderCount})
+	c.head = head[:0]
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.refuse(nil, newRequestID(), start, http.StatusRequestTimeout, "request header not received in time")
+			return false
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+			return false
+		}
+		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
+		return false
+	}
+	c.c.SetReadDeadline(time.Time{})
+	req, err := parseHead(head)
+	if err != nil {
+		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
+		return false
+	}
+	return c.handle(req, head, start)
+}
+
+// refuse answers a request the proxy will not forward. The connection is
+// closed afterwards when req is nil (the stream cannot be trusted) or the
+// request asked for it.
+func (c *conn) refuse(req *http.Request, id string, start time.Time, status int, msg string) {
+	c.s.cfg.Metrics.request(labelRejected)
+	c.answer(req, &answer{id: id, status: status, msg: msg, close: true})
+	method, url := "", ""
+	if req != nil {
+		method, url = req.Method, req.URL.String()
+	}
+	c.s.cfg.Logger.Info("request", "id", id, "method", method, "url", url, "attempts", 0,
+		"outcome", labelRejected, "status", status, "err", msg, "duration", time.Since(start))
+}
+
+// answer is a response the proxy makes itself.
+type answer struct {
+	id       string
+	status   int
+	outcome  string // Egret-Outcome, "" for none
+	attempts int
+	msg      string
+	close    bool
+	extra    http.Header
+}
+
+// answer writes a's response. It reports whether it was written.
+func (c *conn) answer(req *http.Request, a *answer) bool {
+	body := "egret: " + a.msg + "\n"
+	if a.msg == "" {
+		body = ""
+	}
+	h := http.Header{}
+	for k, v := range a.extra {
+		h[k] = v
+	}
+	h.Set(HeaderRequestID, a.id)
+	h.Set(HeaderAttempts, strconv.Itoa(a.attempts))
+	if a.outcome != "" {
+		h.Set(HeaderOutcome, a.outcome)
+	}
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if a.close {
+		h.Set("Connection", "close")
+	}
+	c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	fmt.Fprintf(c.bw, "HTTP/1.1 %d %s\r\n", a.status, http.StatusText(a.status))
+	h.Write(c.bw)
+	c.bw.WriteString("\r\n")
+	if req == nil || req.Method != http.MethodHead {
+		c.bw.WriteString(body)
+	}
+	return c.bw.Flush() == nil
+}
+
+// abort ends the client connection with a reset, so that the client cannot
+// take a cut response for a complete one.
+func (c *conn) abort() {
+	if tc, ok := c.c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.c.Close()
+}
+
+// passthrough connects the client to its original destination and copies
+// bytes both ways, unchanged. prefix is sent first (a request head already
+// consumed from the buffer).
+func (c *conn) passthrough(proto Protocol, addr string, prefix []byte) {
+	c.s.cfg.Metrics.passedThrough(proto)
+	c.s.setState(c, stateTunnel)
+	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.DialTimeout)
+	up, err := c.s.cfg.Dial(ctx, "tcp", addr)
+	cancel()
+	if err != nil {
+		c.s.cfg.Logger.Info("passthrough", "protocol", string(proto), "dst", addr, "err", err)
+		c.abort()
+		return
+	}
+	aToB, bToA := pipe(&bufferedConn{Conn: c.c, r: c.br}, up, prefix)
+	c.s.cfg.Logger.Debug("passthrough", "protocol", string(proto), "dst", addr,
+		"sent", aToB, "received", bToA)
+}
+
+// tunnel serves an explicit-mode CONNECT: it dials the target, says 200
+// and copies bytes both ways, without retries (there is no request to see).
+func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
+	target := req.RequestURI
+	host, port, err := net.SplitHostPort(target)
+	if err != nil || host == "" || port == "" {
+		c.refuse(req, id, start, http.StatusBadRequest, "CONNECT needs host:port")
+		return
+	}
+	c.s.cfg.Metrics.tunnel()
+	c.s.setState(c, stateTunnel)
+	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.DialTimeout)
+	up, err := c.s.cfg.Dial(ctx, "tcp", target)
+	cancel()
+	if err != nil {
+		c.s.cfg.Metrics.request("not-sent")
+		c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: "not-sent",
+			attempts: 1, msg: "CONNECT " + target + ": " + err.Error(), close: true})
+		c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", target, "attempts", 1,
+			"outcome", "not-sent", "status", http.StatusServiceUnavailable, "err", err.Error(),
+			"duration", time.Since(start))
+		return
+	}
+	c.s.cfg.Metrics.request(labelRelayed)
+	c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	fmt.Fprintf(c.bw, "HTTP/1.1 200 Connection established\r\n%s: %s\r\n%s: 1\r\n\r\n",
+		HeaderRequestID, id, HeaderAttempts)
+	if err := c.bw.Flush(); err != nil {
+		up.Close()
+		return
+	}
+	c.c.SetWriteDeadline(time.Time{})
+	c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", target, "attempts", 1,
+		"outcome", "tunnel", "status", 200, "duration", time.Since(start))
+	pipe(&bufferedConn{Conn: c.c, r: c.br}, up, nil)
+}
+
+// wantsUpgrade reports whether the request asks to switch protocols (e.g.
+// WebSocket); such a request is not retried but passed through.
+func wantsUpgrade(req *http.Request) bool {
+	if req.Header.Get("Upgrade") == "" {
+		return false
+	}
+	for _, v := range req.Header["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
+}

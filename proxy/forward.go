@@ -1,0 +1,449 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/proxy/spool"
+	"github.com/egret-proxy/egret/retry"
+)
+
+// Headers the proxy reads or writes (spec section 6).
+const (
+	HeaderRequestID = "Egret-Request-Id"
+	HeaderAttempts  = "Egret-Attempts"
+	HeaderOutcome   = "Egret-Outcome"
+	// headerTimeoutMs shortens a request's deadline; it is not forwarded.
+	headerTimeoutMs = "Egret-Timeout-Ms"
+)
+
+// HeaderTimeoutMs is the request header that shortens the request's overall
+// deadline (milliseconds; it never lengthens it).
+const HeaderTimeoutMs = headerTimeoutMs
+
+// Exchange is one proxied request on its way upstream; the attempt
+// runner's hooks find it in the request's context (ExchangeFrom).
+type Exchange struct {
+	ID       string
+	Upstream *policy.Upstream
+	Policy   retry.Policy
+	Bulkhead *Bulkhead
+	base     http.RoundTripper
+
+	mu    sync.Mutex
+	trace *retry.Trace
+}
+
+type exchangeKey struct{}
+
+// ExchangeFrom returns the exchange a request belongs to, nil if none.
+func ExchangeFrom(ctx context.Context) *Exchange {
+	x, _ := ctx.Value(exchangeKey{}).(*Exchange)
+	return x
+}
+
+func (x *Exchange) setTrace(t *retry.Trace) {
+	x.mu.Lock()
+	x.trace = t
+	x.mu.Unlock()
+}
+
+// Trace returns the trace the runner reported, nil before it did.
+func (x *Exchange) Trace() *retry.Trace {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.trace
+}
+
+// newRequestID returns a fresh request id: 16 hex digits.
+func newRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// target is where a request goes: the URL the upstream request uses, the
+// host the policy is matched by, and the port.
+type target struct {
+	url  *url.URL
+	host string // for policy matching and TLS server name
+	port int
+}
+
+// handle serves one parsed request and reports whether the connection may
+// carry another.
+func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
+	cfg := &c.s.cfg
+	id := newRequestID()
+	if req.Method == http.MethodConnect {
+		if cfg.Mode == Explicit {
+			c.tunnel(req, id, start)
+			return false
+		}
+		c.refuse(req, id, start, http.StatusMethodNotAllowed, "CONNECT to a transparent destination")
+		return false
+	}
+	tg, err := c.target(req)
+	if err != nil {
+		c.refuse(req, id, start, http.StatusBadRequest, err.Error())
+		return false
+	}
+	if wantsUpgrade(req) {
+		c.upgrade(req, head, tg, id, start)
+		return false
+	}
+	var shorten time.Duration
+	if v := req.Header.Get(headerTimeoutMs); v != "" {
+		ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || ms <= 0 || ms > 1<<40 {
+			c.refuse(req, id, start, http.StatusBadRequest, "bad "+headerTimeoutMs+" "+strconv.Quote(v))
+			return false
+		}
+		shorten = time.Duration(ms) * time.Millisecond
+	}
+
+	pol := cfg.Policy.Current()
+	up := pol.Match(tg.host, tg.port)
+	path := req.URL.Path
+	hasKey := req.Header.Get(policy.IdempotencyKeyHeader) != ""
+	if up.ShouldInjectKey(req.Method, path, hasKey) {
+		req.Header.Set(policy.IdempotencyKeyHeader, policy.NewIdempotencyKey())
+	}
+	rp := up.RetryPolicy(req.Method, path)
+	if shorten > 0 && (rp.Timeout <= 0 || shorten < rp.Timeout) {
+		rp.Timeout = shorten
+		if rp.AttemptTimeout > shorten {
+			rp.AttemptTimeout = shorten
+		}
+	}
+
+	// The body: held, spooled or streamed once (spec section 1).
+	if req.Header.Get("Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
+		c.c.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
+		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+		if c.bw.Flush() != nil {
+			return false
+		}
+	}
+	body, err := c.readBody(req, up.Body)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.refuse(req, id, start, http.StatusRequestTimeout, "request body not received in time")
+		} else if errors.Is(err, ErrBadRequest) {
+			c.refuse(req, id, start, http.StatusBadRequest, err.Error())
+		} else if !errors.Is(err, spool.ErrShortBody) {
+			c.refuse(req, id, start, http.StatusInternalServerError, err.Error())
+		}
+		return false
+	}
+	defer body.Release()
+
+	x := &Exchange{
+		ID:       id,
+		Upstream: up,
+		Policy:   rp,
+		Bulkhead: cfg.Bulkheads.Get(up.Name, up.Bulkhead),
+	}
+	x.base, err = c.s.bases.get(up, tg.host)
+	if err != nil {
+		c.refuse(req, id, start, http.StatusBadGateway, err.Error())
+		return false
+	}
+	out := c.outgoing(req, tg, body, x)
+	resp, err := c.s.runner.RoundTrip(out)
+	keep := !req.Close && !c.s.closing.Load()
+	if err != nil {
+		keep = c.answerFailure(req, x, err, start, keep)
+	} else {
+		keep = c.relay(req, resp, x, start, keep)
+	}
+	if !body.Done() {
+		// The upstream did not read the whole one-shot body: the rest is
+		// still on the connection.
+		keep = false
+		c.c.Close()
+	}
+	return keep
+}
+
+// target works out where req goes. Explicit mode takes the absolute-form
+// URL; transparent mode the original destination, with the Host header
+// naming the upstream for the policy and the upstream's virtual host.
+func (c *conn) target(req *http.Request) (target, error) {
+	if c.s.cfg.Mode == Explicit {
+		u := req.URL
+		if !u.IsAbs() || u.Host == "" {
+			return target{}, errors.New("not a proxy request: the request target must be an absolute URL")
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return target{}, fmt.Errorf("unsupported scheme %q", u.Scheme)
+		}
+		host := u.Hostname()
+		port := 80
+		if u.Scheme == "https" {
+			port = 443
+		}
+		if p := u.Port(); p != "" {
+			n, err := strconv.Atoi(p)
+			if err != nil || n <= 0 || n > 65535 {
+				return target{}, fmt.Errorf("bad port %q", p)
+			}
+			port = n
+		}
+		return target{url: u, host: host, port: port}, nil
+	}
+	host := req.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if host == "" {
+		host = c.dst.Addr().String()
+	}
+	u := &url.URL{
+		Scheme:   "http",
+		Host:     c.dst.String(),
+		Path:     req.URL.Path,
+		RawPath:  req.URL.RawPath,
+		RawQuery: req.URL.RawQuery,
+	}
+	if req.URL.IsAbs() { // absolute-form to an origin: allowed, dst still wins
+		u.Path, u.RawPath, u.RawQuery = req.URL.Path, req.URL.RawPath, req.URL.RawQuery
+	}
+	return target{url: u, host: host, port: int(c.dst.Port())}, nil
+}
+
+// readBody holds the request body as its size and the upstream's limits say.
+func (c *conn) readBody(req *http.Request, lim policy.BodyLimits) (*spool.Body, error) {
+	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
+	if src == nil {
+		return spool.New(nil, 0, spool.Limits{})
+	}
+	cl := req.ContentLength
+	if chunked(req) {
+		cl = -1
+	}
+	src = &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout}
+	return spool.New(src, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
+}
+
+// deadlineReader gives each read of a request body ReadTimeout.
+type deadlineReader struct {
+	c net.Conn
+	r io.Reader
+	d time.Duration
+}
+
+func (r *deadlineReader) Read(p []byte) (int, error) {
+	r.c.SetReadDeadline(time.Now().Add(r.d))
+	return r.r.Read(p)
+}
+
+// outgoing builds the upstream request.
+func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Exchange) *http.Request {
+	h := req.Header.Clone()
+	removeHopHeaders(h)
+	h.Del("Expect") // the proxy already has the body
+	if c.s.cfg.Mode == Explicit && c.s.cfg.Via != "" {
+		h.Add("Via", fmt.Sprintf("%d.%d %s", req.ProtoMajor, req.ProtoMinor, c.s.cfg.Via))
+	}
+	u := *tg.url
+	if x.Upstream.TLS.Enabled {
+		u.Scheme = "https"
+	}
+	ctx := context.WithValue(c.s.ctx, exchangeKey{}, x)
+	out := (&http.Request{
+		Method:     req.Method,
+		URL:        &u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     h,
+		Host:       req.Host,
+	}).WithContext(ctx)
+	if c.s.cfg.Mode == Explicit {
+		out.Host = tg.url.Host
+	}
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = nil // send none rather than Go's
+	}
+	if body.BodyKind() == engine.BodyNone {
+		out.Body = http.NoBody
+	} else {
+		out.Body = body
+		out.ContentLength = body.Len() // -1: unknown, sent chunked
+		if body.BodyKind() != engine.BodyOneShot {
+			out.GetBody = body.Reopen
+		}
+	}
+	return out
+}
+
+// attemptsOf is the number of attempts the runner reported for x.
+func attemptsOf(x *Exchange, err error) int {
+	if n := retry.AttemptsOf(err); n > 0 {
+		return n
+	}
+	if t := x.Trace(); t != nil {
+		return len(t.Attempts)
+	}
+	return 1
+}
+
+// answerFailure answers a request that got no response to relay (spec
+// section 6).
+func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start time.Time, keep bool) bool {
+	status, outcome := http.StatusBadGateway, engine.OutcomeFailed
+	var ae *retry.AmbiguousError
+	var re *retry.Error
+	switch {
+	case errors.As(err, &ae):
+		status, outcome = ae.Status, engine.OutcomeAmbiguous
+	case errors.As(err, &re):
+		status, outcome = re.Status, re.Outcome
+	case errors.Is(err, retry.ErrRequestInvalid):
+		status, outcome = http.StatusBadRequest, engine.OutcomeNotSent
+	case errors.Is(err, context.Canceled):
+		outcome = engine.OutcomeFailed
+	}
+	if status == 0 {
+		status = http.StatusBadGateway
+	}
+	n := attemptsOf(x, err)
+	c.s.cfg.Metrics.request(outcome.String())
+	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
+		msg: err.Error(), close: !keep})
+	c.logOutcome(req, x, n, outcome.String(), status, start, err)
+	return keep && ok
+}
+
+// relay writes the upstream's response to the client as it comes. It
+// reports whether the connection may carry another request.
+func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start time.Time, keep bool) bool {
+	defer resp.Body.Close()
+	n := attemptsOf(x, nil)
+	h := resp.Header.Clone()
+	removeHopHeaders(h)
+	cl := h.Get("Content-Length")
+	h.Del("Content-Length")
+	h.Set(HeaderRequestID, x.ID)
+	h.Set(HeaderAttempts, strconv.Itoa(n))
+	outcome := labelRelayed
+	if h.Get(HeaderOutcome) == engine.OutcomeAmbiguous.String() {
+		outcome = engine.OutcomeAmbiguous.String()
+	}
+	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
+		resp.StatusCode == http.StatusNotModified || resp.StatusCode < 200
+	chunk := false
+	switch {
+	case noBody:
+		if cl != "" && req.Method == http.MethodHead {
+			h.Set("Content-Length", cl)
+		}
+	case resp.ContentLength >= 0:
+		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	case req.ProtoAtLeast(1, 1):
+		h.Set("Transfer-Encoding", "chunked")
+		chunk = true
+	default:
+		keep = false // the end of the body is the end of the connection
+	}
+	if !keep {
+		h.Set("Connection", "close")
+	}
+	c.s.cfg.Metrics.request(outcome)
+	status := resp.StatusCode
+	text := http.StatusText(status)
+	if _, t, ok := strings.Cut(resp.Status, " "); ok && t != "" {
+		text = t
+	}
+	c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	fmt.Fprintf(c.bw, "HTTP/1.1 %03d %s\r\n", status, text)
+	h.Write(c.bw)
+	c.bw.WriteString("\r\n")
+	var copyErr error
+	if !noBody {
+		copyErr = c.copyBody(resp.Body, chunk)
+	}
+	if copyErr == nil {
+		copyErr = c.bw.Flush()
+	}
+	c.logOutcome(req, x, n, outcome, status, start, copyErr)
+	if copyErr != nil {
+		c.abort()
+		return false
+	}
+	return keep
+}
+
+// copyBody streams a response body to the client, flushing as bytes come.
+// A body that breaks returns its error: the caller aborts the connection,
+// never ending the body cleanly.
+func (c *conn) copyBody(r io.Reader, chunk bool) error {
+	bufp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bufp)
+	buf := *bufp
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+			if chunk {
+				fmt.Fprintf(c.bw, "%x\r\n", n)
+			}
+			c.bw.Write(buf[:n])
+			if chunk {
+				c.bw.WriteString("\r\n")
+			}
+			if werr := c.bw.Flush(); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			if chunk {
+				c.bw.WriteString("0\r\n\r\n")
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (c *conn) logOutcome(req *http.Request, x *Exchange, attempts int, outcome string, status int, start time.Time, err error) {
+	attrs := []any{"id", x.ID, "method", req.Method, "url", req.URL.String(), "upstream", x.Upstream.Name,
+		"attempts", attempts, "outcome", outcome, "status", status, "duration", time.Since(start)}
+	if err != nil {
+		attrs = append(attrs, "err", err.Error())
+	}
+	c.s.cfg.Logger.Info("request", attrs...)
+}
+
+// upgrade passes a protocol-switching request (e.g. WebSocket) through to
+// the upstream byte for byte, head included, without retries.
+func (c *conn) upgrade(req *http.Request, head []byte, tg target, id string, start time.Time) {
+	addr := c.dst.String()
+	if c.s.cfg.Mode == Explicit {
+		addr = net.JoinHostPort(tg.host, strconv.Itoa(tg.port))
+	}
+	prefix := append([]byte(nil), head...)
+	c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", req.URL.String(),
+		"attempts", 1, "outcome", "upgrade", "duration", time.Since(start))
+	c.passthrough(ProtoUpgrade, addr, prefix)
+}

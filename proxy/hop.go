@@ -1,0 +1,40 @@
+package proxy
+
+import (
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// hopHeaders are the hop-by-hop headers of RFC 9110 section 7.6.1 that a
+// proxy never forwards, plus the proxy's own request controls.
+var hopHeaders = []string{
+	"Connection",
+	"Proxy-Connection",
+	"Keep-Alive",
+	"Te",
+	"Trailer",
+	"Transfer-Encoding",
+	"Upgrade",
+	headerTimeoutMs,
+}
+
+// removeHopHeaders deletes from h the hop-by-hop headers, every header named
+// by a Connection header, and every Proxy-* header.
+func removeHopHeaders(h http.Header) {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				h.Del(f)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		delete(h, k)
+	}
+	for k := range h {
+		if strings.HasPrefix(k, "Proxy-") {
+			delete(h, k)
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry"
+)
+
+// Metrics are the proxy's Prometheus metrics. One Metrics is shared by all
+// the servers of a node (one per pod). A nil *Metrics records nothing.
+type Metrics struct {
+	requests    *prometheus.CounterVec
+	attempts    prometheus.Counter
+	retries     *prometheus.CounterVec
+	upgrades    prometheus.Counter
+	passthrough *prometheus.CounterVec
+	tunnels     prometheus.Counter
+	rejections  *prometheus.CounterVec
+	conns       prometheus.Gauge
+}
+
+// Outcome labels of egret_proxy_requests_total besides the spec's outcomes.
+const (
+	labelRelayed  = "relayed"  // a response relayed as it is
+	labelRejected = "rejected" // refused by the proxy before any attempt
+)
+
+// NewMetrics creates the metrics and registers them with reg (nil: not
+// registered).
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_requests_total",
+			Help: "Requests answered, by outcome: relayed, rejected, not-sent, failed, ambiguous.",
+		}, []string{"outcome"}),
+		attempts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egret_proxy_attempts_total",
+			Help: "Upstream attempts made.",
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_retries_total",
+			Help: "Retries decided by the engine, by reason.",
+		}, []string{"reason"}),
+		upgrades: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egret_proxy_witness_upgrades_total",
+			Help: "Attempts whose evidence the kernel witness upgraded from sent_no_response to not_sent.",
+		}),
+		passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_passthrough_connections_total",
+			Help: "Transparent connections passed through byte for byte, by detected protocol.",
+		}, []string{"protocol"}),
+		tunnels: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egret_proxy_connect_tunnels_total",
+			Help: "CONNECT tunnels opened in explicit mode.",
+		}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_bulkhead_rejections_total",
+			Help: "Attempts refused a bulkhead permit, by upstream.",
+		}, []string{"upstream"}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "egret_proxy_client_connections",
+			Help: "Client connections open now.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.attempts, m.retries, m.upgrades,
+			m.passthrough, m.tunnels, m.rejections, m.conns} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) request(outcome string) {
+	if m != nil {
+		m.requests.WithLabelValues(outcome).Inc()
+	}
+}
+
+// trace counts the attempts, retries and witness upgrades of one request.
+func (m *Metrics) trace(tr *retry.Trace) {
+	if m == nil || tr == nil {
+		return
+	}
+	m.attempts.Add(float64(len(tr.Attempts)))
+	for i := range tr.Attempts {
+		a := &tr.Attempts[i]
+		if a.Decision.Decision == engine.Retry {
+			m.retries.WithLabelValues(a.Decision.Reason.String()).Inc()
+		}
+		if a.Upgraded {
+			m.upgrades.Inc()
+		}
+	}
+}
+
+func (m *Metrics) passedThrough(p Protocol) {
+	if m != nil {
+		m.passthrough.WithLabelValues(string(p)).Inc()
+	}
+}
+
+func (m *Metrics) tunnel() {
+	if m != nil {
+		m.tunnels.Inc()
+	}
+}
+
+func (m *Metrics) bulkheadRejected(upstream string) {
+	if m != nil {
+		m.rejections.WithLabelValues(upstream).Inc()
+	}
+}
+
+func (m *Metrics) connOpened() {
+	if m != nil {
+		m.conns.Inc()
+	}
+}
+
+func (m *Metrics) connClosed() {
+	if m != nil {
+		m.conns.Dec()
+	}
+}

@@ -1,0 +1,341 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+// Mode is how a Server learns where a request goes.
+type Mode uint8
+
+const (
+	// Explicit: the client uses the proxy as its HTTP_PROXY and sends
+	// absolute-form requests; CONNECT opens a byte-for-byte tunnel.
+	Explicit Mode = iota
+	// Transparent: connections were redirected to the proxy; a Resolver
+	// gives each one's original destination. Anything that is not
+	// HTTP/1.x is passed through to it untouched.
+	Transparent
+)
+
+func (m Mode) String() string {
+	if m == Transparent {
+		return "transparent"
+	}
+	return "explicit"
+}
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("proxy: server closed")
+
+// ErrConfig: a Config that cannot work (e.g. transparent without Resolver).
+var ErrConfig = errors.New("proxy: invalid config")
+
+// DialFunc dials an upstream, a passthrough destination or a CONNECT
+// target. The node agent gives one that dials from the pod's network
+// namespace.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// PolicySource gives the policy in force now. *policy.Watcher satisfies it;
+// the agent gives each pod a source of its own overlaid policy.
+type PolicySource interface {
+	Current() *policy.Policy
+}
+
+// StaticPolicy is a PolicySource that never changes.
+type StaticPolicy struct{ P *policy.Policy }
+
+// Current returns the policy.
+func (s StaticPolicy) Current() *policy.Policy { return s.P }
+
+var _ PolicySource = StaticPolicy{}
+
+// Defaults of the Config's limits and timeouts.
+const (
+	DefaultSniffTimeout      = 300 * time.Millisecond
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
+	DefaultIdleTimeout       = 90 * time.Second
+	DefaultDialTimeout       = 10 * time.Second
+	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultMaxHeaderCount    = 100
+)
+
+// Config configures a Server. Zero fields take the defaults; the shared
+// parts (Budgets, Bulkheads, Traces, Metrics) should be one per node, given
+// to every pod's Server.
+type Config struct {
+	Mode Mode
+	// Resolver gives original destinations (required in Transparent mode).
+	Resolver Resolver
+	// Policy is consulted for every request (default: policy.Default()).
+	Policy PolicySource
+	// Dial dials upstreams, passthrough destinations and CONNECT targets
+	// (default: a net.Dialer with DialTimeout).
+	Dial DialFunc
+	// Witness reads upstream sockets' counters for the attempt runner
+	// (nil: none, so no evidence is ever upgraded).
+	Witness witness.Witness
+
+	Budgets   *engine.Budgets
+	Bulkheads *Bulkheads
+	Traces    *Traces
+	Metrics   *Metrics
+	Logger    *slog.Logger
+
+	// SniffTimeout is how long a transparent connection may stay silent
+	// before it is taken for a server-speaks-first protocol.
+	SniffTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request head; ReadTimeout bounds
+	// each read of a request body; WriteTimeout each write to the client;
+	// IdleTimeout a keep-alive connection's wait for its next request.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	DialTimeout       time.Duration
+	// MaxHeaderBytes bounds a request head (request line included) and
+	// MaxHeaderCount its header fields; beyond: 431 (414 for the line).
+	MaxHeaderBytes int
+	MaxHeaderCount int
+	// SpoolDir holds spooled request bodies (default: the system's).
+	SpoolDir string
+	// Via, when set, is the pseudonym added to forwarded requests' Via
+	// header in Explicit mode ("1.1 <Via>"); transparent requests are left
+	// as the workload wrote them.
+	Via string
+
+	// Runner, when set, replaces the retry runner (tests of the server
+	// alone). It receives requests whose context carries the Exchange.
+	Runner http.RoundTripper
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.SniffTimeout, DefaultSniffTimeout)
+	def(&c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&c.ReadTimeout, DefaultReadTimeout)
+	def(&c.WriteTimeout, DefaultWriteTimeout)
+	def(&c.IdleTimeout, DefaultIdleTimeout)
+	def(&c.DialTimeout, DefaultDialTimeout)
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxHeaderCount <= 0 {
+		c.MaxHeaderCount = DefaultMaxHeaderCount
+	}
+	if c.Policy == nil {
+		c.Policy = StaticPolicy{policy.Default()}
+	}
+	if c.Dial == nil {
+		d := &net.Dialer{Timeout: c.DialTimeout}
+		c.Dial = d.DialContext
+	}
+	if c.Budgets == nil {
+		c.Budgets = engine.NewBudgets()
+	}
+	if c.Bulkheads == nil {
+		c.Bulkheads = NewBulkheads()
+		m := c.Metrics
+		c.Bulkheads.OnReject = m.bulkheadRejected
+	}
+	if c.Traces == nil {
+		c.Traces = NewTraces(0)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Server is one proxy listener's logic: the node agent runs one per pod,
+// `egret proxy` one in explicit mode. Serve may be called for several
+// listeners.
+type Server struct {
+	cfg    Config
+	runner http.RoundTripper
+	bases  *bases
+
+	draining atomic.Bool
+	closing  atomic.Bool
+	// ctx is cancelled when Shutdown gives up waiting: in-flight attempts
+	// end then.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+}
+
+// New checks cfg and returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Mode == Transparent && cfg.Resolver == nil {
+		return nil, fmt.Errorf("%w: transparent mode needs a Resolver", ErrConfig)
+	}
+	if cfg.Mode != Transparent && cfg.Mode != Explicit {
+		return nil, fmt.Errorf("%w: mode %d", ErrConfig, cfg.Mode)
+	}
+	cfg.setDefaults()
+	s := &Server{
+		cfg:       cfg,
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*conn]struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.bases = newBases(cfg.Dial)
+	s.runner = cfg.Runner
+	if s.runner == nil {
+		s.runner = s.newRunner()
+	}
+	return s, nil
+}
+
+// Traces is the store of recent requests' traces.
+func (s *Server) Traces() *Traces { return s.cfg.Traces }
+
+// Bulkheads is the registry of per-upstream bulkheads.
+func (s *Server) Bulkheads() *Bulkheads { return s.cfg.Bulkheads }
+
+// Serve accepts connections on l until Shutdown, then returns
+// ErrServerClosed. l is closed when Serve returns.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		l.Close()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+		l.Close()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.cfg.Logger.Warn("accept", "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		c := s.newConn(nc)
+		if c == nil {
+			continue
+		}
+		go c.serve()
+	}
+}
+
+// Drain makes the server deny every retry from now on (the engine's
+// runtime_draining). Requests still run their first attempt.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// Draining reports whether Drain or Shutdown was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+// Shutdown drains the server: it stops accepting, denies retries, closes
+// idle keep-alive connections, lets in-flight requests, tunnels and
+// passthrough connections finish until ctx ends, then closes what is left
+// and returns ctx's error (nil when everything finished in time). Idle
+// upstream connections are closed too.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.Drain()
+	s.closing.Store(true)
+	s.mu.Lock()
+	for l := range s.listeners {
+		l.Close()
+	}
+	s.mu.Unlock()
+	defer s.bases.closeIdle()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if s.closeIdleConns() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			s.cancel()
+			s.mu.Lock()
+			for c := range s.conns {
+				c.c.Close()
+			}
+			s.mu.Unlock()
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// closeIdleConns closes the connections waiting for a next request and
+// returns how many connections are left open.
+func (s *Server) closeIdleConns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if c.state == stateIdle {
+			c.c.Close()
+		}
+	}
+	return len(s.conns)
+}
+
+func (s *Server) newConn(nc net.Conn) *conn {
+	c := &conn{s: s, c: nc, state: stateIdle}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		nc.Close()
+		return nil
+	}
+	s.conns[c] = struct{}{}
+	s.cfg.Metrics.connOpened()
+	return c
+}
+
+func (s *Server) removeConn(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.cfg.Metrics.connClosed()
+}
+
+// setState moves c to state; a connection becoming active while the server
+// closes is refused (false).
+func (s *Server) setState(c *conn, st connState) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st != stateIdle && s.closing.Load() && c.state == stateIdle {
+		return false
+	}
+	c.state = st
+	return true
+}

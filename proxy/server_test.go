@@ -1,0 +1,311 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExplicitGetAndPost(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Method", r.Method)
+		fmt.Fprintf(w, "%s %s body=%s", r.Method, r.URL.RequestURI(), b)
+	})
+	p := startProxy(t, Config{})
+	c := p.client()
+
+	resp, err := c.Get(up.url("/a?b=1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp.Body); got != "GET /a?b=1 body=" {
+		t.Errorf("GET body %q", got)
+	}
+	checkEgretHeaders(t, resp, "1")
+	if resp.Header.Get(HeaderOutcome) != "" {
+		t.Errorf("a relayed 200 carries %s %q", HeaderOutcome, resp.Header.Get(HeaderOutcome))
+	}
+
+	resp, err = c.Post(up.url("/orders"), "text/plain", strings.NewReader("pay 5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp.Body); got != "POST /orders body=pay 5" {
+		t.Errorf("POST body %q", got)
+	}
+	checkEgretHeaders(t, resp, "1")
+	if n := up.requests.Load(); n != 2 {
+		t.Errorf("upstream saw %d requests, want 2", n)
+	}
+}
+
+func TestKeepAliveReuse(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	p := startProxy(t, Config{})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	ids := map[string]bool{}
+	for i := range 5 {
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", up.url(fmt.Sprintf("/%d", i)), up.addr)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the same connection: %v", i, err)
+		}
+		if b := readAll(t, resp.Body); b != "ok" {
+			t.Fatalf("request %d: body %q", i, b)
+		}
+		ids[resp.Header.Get(HeaderRequestID)] = true
+	}
+	if len(ids) != 5 {
+		t.Errorf("%d distinct request ids for 5 requests", len(ids))
+	}
+	if n := up.conns.Load(); n != 1 {
+		t.Errorf("upstream saw %d connections for 5 sequential requests, want 1 (pooled)", n)
+	}
+}
+
+func TestConnectTunnel(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "secret")
+	}))
+	defer srv.Close()
+	p := startProxy(t, Config{})
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	tr.Proxy = http.ProxyURL(mustURL(t, "http://"+p.addr))
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(srv.URL + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp.Body); got != "secret" {
+		t.Fatalf("through the tunnel: %q", got)
+	}
+}
+
+func TestTransparentHTTP(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "host=%s uri=%s", r.Host, r.URL.RequestURI())
+	})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: up.addrPort(t)}})
+	resp := rawRequest(t, p.addr, "GET /v1/x?y=2 HTTP/1.1\r\nHost: api.example\r\n\r\n")
+	if got := readAll(t, resp.Body); got != "host=api.example uri=/v1/x?y=2" {
+		t.Fatalf("upstream saw %q", got)
+	}
+	checkEgretHeaders(t, resp, "1")
+}
+
+// echoServer accepts one connection and echoes what it reads, prefixed.
+func echoServer(t *testing.T, greeting string) (net.Listener, chan []byte) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan []byte, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if greeting != "" {
+			io.WriteString(c, greeting)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4096)
+		n, _ := c.Read(buf)
+		got <- append([]byte(nil), buf[:n]...)
+		c.Write(append([]byte("echo:"), buf[:n]...))
+	}()
+	return ln, got
+}
+
+func TestTransparentPassthroughTLS(t *testing.T) {
+	ln, got := echoServer(t, "")
+	m := testMetrics(t)
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)}, Metrics: m})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A real ClientHello from crypto/tls, captured on the way.
+	hello := captureClientHello(t)
+	c.Write(hello)
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, hello) {
+			t.Fatalf("destination got %d bytes, want the %d-byte ClientHello unchanged", len(b), len(hello))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing reached the destination")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	back := make([]byte, 5)
+	if _, err := io.ReadFull(c, back); err != nil || string(back) != "echo:" {
+		t.Fatalf("reply %q, %v", back, err)
+	}
+	if n := counterValue(t, m.passthrough.WithLabelValues("tls")); n != 1 {
+		t.Errorf("passthrough{tls} = %v, want 1", n)
+	}
+}
+
+func TestTransparentPassthroughServerFirst(t *testing.T) {
+	ln, got := echoServer(t, "220 smtp ready\r\n")
+	m := testMetrics(t)
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
+		Metrics: m, SniffTimeout: 100 * time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "220 smtp ready\r\n" {
+		t.Fatalf("greeting %q, %v", line, err)
+	}
+	io.WriteString(c, "EHLO me\r\n")
+	if b := <-got; string(b) != "EHLO me\r\n" {
+		t.Fatalf("server got %q", b)
+	}
+	if n := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); n != 1 {
+		t.Errorf("passthrough{server_first} = %v, want 1", n)
+	}
+}
+
+func TestHopByHopRemoved(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("X-Hop", "secret")
+		w.Header().Set("Connection", "X-Hop")
+		w.Header().Set("X-End", "kept")
+		io.WriteString(w, "ok")
+	})
+	p := startProxy(t, Config{})
+	resp := rawRequest(t, p.addr, "GET "+up.url("/")+" HTTP/1.1\r\nHost: "+up.addr+"\r\n"+
+		"Connection: keep-alive, X-Private\r\nX-Private: 1\r\nKeep-Alive: 300\r\nProxy-Authorization: Basic eA==\r\n"+
+		"TE: trailers\r\nUpgrade-Insecure-Requests: 1\r\nX-Kept: yes\r\n"+HeaderTimeoutMs+": 5000\r\n\r\n")
+	h := <-seen
+	for _, k := range []string{"X-Private", "Keep-Alive", "Proxy-Authorization", "Te", HeaderTimeoutMs} {
+		if v, ok := h[k]; ok {
+			t.Errorf("upstream received hop-by-hop %s: %q", k, v)
+		}
+	}
+	if h.Get("X-Kept") != "yes" || h.Get("Upgrade-Insecure-Requests") != "1" {
+		t.Errorf("end-to-end headers lost: %v", h)
+	}
+	for _, k := range []string{"X-Hop", "Keep-Alive"} {
+		if v := resp.Header.Get(k); v != "" {
+			t.Errorf("client received hop-by-hop %s: %q", k, v)
+		}
+	}
+	if resp.Header.Get("X-End") != "kept" {
+		t.Errorf("end-to-end response header lost")
+	}
+}
+
+func TestMalformedRequestsNeverReachUpstream(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached") })
+	p := startProxy(t, Config{MaxHeaderBytes: 4096, MaxHeaderCount: 20})
+	target := up.url("/")
+	many := strings.Repeat("X-A: 1\r\n", 21)
+	cases := []struct {
+		name, raw string
+		status    int
+	}{
+		{"CL+TE", "POST " + target + " HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+		{"TE+CL lower case", "POST " + target + " HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n0\r\n\r\n", 400},
+		{"too many headers", "GET " + target + " HTTP/1.1\r\nHost: x\r\n" + many + "\r\n", 431},
+		{"header too large", "GET " + target + " HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 5000) + "\r\n\r\n", 431},
+		{"request line too long", "GET " + target + strings.Repeat("a", 5000) + " HTTP/1.1\r\nHost: x\r\n\r\n", 414},
+		{"two content lengths", "POST " + target + " HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc", 400},
+		{"bad content length", "POST " + target + " HTTP/1.1\r\nHost: x\r\nContent-Length: -3\r\n\r\nabc", 400},
+		{"unknown coding", "POST " + target + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501},
+		{"origin-form to an explicit proxy", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+		{"bad header name", "GET " + target + " HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n", 400},
+		{"HTTP/2 version", "GET " + target + " HTTP/2.0\r\nHost: x\r\n\r\n", 505},
+		{"bad timeout", "GET " + target + " HTTP/1.1\r\nHost: x\r\n" + HeaderTimeoutMs + ": soon\r\n\r\n", 400},
+		{"expect other", "PUT " + target + " HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nExpect: 200-ok\r\n\r\nx", 417},
+		{"bad chunk", "POST " + target + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400},
+	}
+	for _, c := range cases {
+		resp := rawRequest(t, p.addr, c.raw)
+		if resp.StatusCode != c.status {
+			t.Errorf("%s: status %d, want %d", c.name, resp.StatusCode, c.status)
+		}
+		checkEgretHeaders(t, resp, "0")
+	}
+	if n := up.requests.Load(); n != 0 {
+		t.Errorf("upstream reached %d times by malformed requests", n)
+	}
+}
+
+func TestSlowClientHeaderTimeout(t *testing.T) {
+	p := startProxy(t, Config{ReadHeaderTimeout: 150 * time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET http://127.0.0.1:1/ HTTP/1.1\r\nHost: x\r\n") // never ends
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("status %d, want 408", resp.StatusCode)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("answered after %v", d)
+	}
+}
+
+func TestIdleTimeoutClosesConnection(t *testing.T) {
+	p := startProxy(t, Config{IdleTimeout: 100 * time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("idle connection: read %v, want EOF from the proxy closing it", err)
+	}
+}
+
+// captureClientHello returns the first bytes crypto/tls sends.
+func captureClientHello(t *testing.T) []byte {
+	a, b := net.Pipe()
+	go func() {
+		tc := tls.Client(a, &tls.Config{ServerName: "example.com"})
+		tc.SetDeadline(time.Now().Add(2 * time.Second))
+		tc.Handshake()
+		a.Close()
+	}()
+	buf := make([]byte, 4096)
+	b.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := b.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	return buf[:n]
+}

@@ -1,0 +1,79 @@
+package proxy
+
+import (
+	"io"
+	"net"
+	"sync"
+)
+
+// closeWriter is a connection that can half-close its sending side.
+type closeWriter interface{ CloseWrite() error }
+
+// pipe copies bytes both ways between a and b until both directions end,
+// half-closing each side's writing end when the other side's reading end is
+// done, so that protocols which rely on a half-close keep working. prefixA
+// is sent to b first: bytes already read from a (sniffed or buffered).
+// It returns the bytes copied a→b (prefix included) and b→a.
+func pipe(a io.ReadWriteCloser, b io.ReadWriteCloser, prefixA []byte) (aToB, bToA int64) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var err error
+		bToA, err = io.Copy(a, b)
+		if err != nil { // a reset or a failed write: end both ways
+			a.Close()
+			b.Close()
+			return
+		}
+		halfClose(a)
+	}()
+	if len(prefixA) > 0 {
+		n, err := b.Write(prefixA)
+		aToB += int64(n)
+		if err != nil {
+			a.Close()
+			b.Close()
+			wg.Wait()
+			return aToB, bToA
+		}
+	}
+	n, err := io.Copy(b, a)
+	aToB += n
+	if err != nil {
+		a.Close()
+		b.Close()
+	} else {
+		halfClose(b)
+	}
+	wg.Wait()
+	a.Close()
+	b.Close()
+	return aToB, bToA
+}
+
+func halfClose(c io.Closer) {
+	if cw, ok := c.(closeWriter); ok {
+		if cw.CloseWrite() == nil {
+			return
+		}
+	}
+	c.Close()
+}
+
+// bufferedConn is a net.Conn whose first reads come from the bytes the
+// proxy already buffered while sniffing or parsing.
+type bufferedConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite half-closes the underlying connection when it can.
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(closeWriter); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
