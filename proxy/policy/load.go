@@ -1,0 +1,89 @@
+package policy
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// maxFileSize bounds a policy file.
+const maxFileSize = 4 << 20
+
+// Parse decodes a policy file. name is used in error messages, and relative
+// file paths in the policy (TLS material, token files) are taken from its
+// directory. Files the policy names are read now: a policy that parses can
+// be used. An empty document is the embedded defaults. The error, if any,
+// is an Errors listing every problem with its line and column.
+func Parse(name string, data []byte) (*Policy, error) {
+	doc, err := decode(name, data, false)
+	if err != nil {
+		return nil, err
+	}
+	return build(name, []*rawDoc{doc})
+}
+
+// Load reads and parses the policy file at path.
+func Load(path string) (*Policy, error) {
+	data, err := readPolicyFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+func readPolicyFile(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: err.Error(), Err: ErrFile}
+	}
+	if fi.Size() > maxFileSize {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("larger than %d bytes", maxFileSize), Err: ErrFile}
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: err.Error(), Err: ErrFile}
+	}
+	return data, nil
+}
+
+// Overlay returns base with a per-pod override laid over it. The override
+// is a policy document of the same schema, except that it may not set the
+// fields that belong to the node (budget, bulkhead, body, tls, credential):
+// budgets are node-wide per upstream, and a pod must not make the agent
+// read files or run commands.
+//
+// Precedence, most general first: embedded defaults, base defaults,
+// override defaults, base entry, override entry. An override entry with the
+// same host and port as a base entry refines it field by field; a new one
+// is added. So an override's defaults change every base entry that does not
+// set the field itself, and to change a field a base entry sets, the
+// override names that entry. name is used in error messages.
+func Overlay(base *Policy, name string, override []byte) (*Policy, error) {
+	doc, err := decode(name, override, true)
+	if err != nil {
+		return nil, err
+	}
+	docs := make([]*rawDoc, 0, len(base.docs)+1)
+	docs = append(docs, base.docs...)
+	docs = append(docs, doc)
+	return build(base.Source+" + "+name, docs)
+}
+
+func decode(name string, data []byte, override bool) (*rawDoc, error) {
+	if len(data) > maxFileSize {
+		return nil, Errors{{File: name, Msg: fmt.Sprintf("larger than %d bytes", maxFileSize), Err: ErrFile}}
+	}
+	dir, err := filepath.Abs(filepath.Dir(name))
+	if err != nil {
+		dir = filepath.Dir(name)
+	}
+	d := &decoder{file: name, dir: dir, override: override}
+	doc := d.decodeDoc(data)
+	if len(d.errs) > 0 {
+		if len(d.errs) > maxErrors {
+			d.errs = d.errs[:maxErrors]
+		}
+		return nil, d.errs
+	}
+	return doc, nil
+}

@@ -1,0 +1,363 @@
+// Package policy is egret's retry policy file: a strictly decoded YAML
+// document that says, per upstream (matched by host and port), how many
+// attempts, which timeouts, which backoff and budget, which routes are
+// idempotent, how bodies are buffered, whether to speak TLS and how to
+// refresh a bearer credential. It turns the matched upstream into the
+// retry.Policy the proxy's attempt runner consumes, and a Watcher reloads the
+// file on change without ever replacing a good policy by a bad one.
+//
+// A Policy is immutable once built: share it freely between goroutines.
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry"
+)
+
+// Protocol is how egret speaks to an upstream.
+type Protocol string
+
+const (
+	// ProtocolAuto: HTTP/2 when TLS ALPN agrees, else HTTP/1.1; HTTP/1.1
+	// over cleartext.
+	ProtocolAuto Protocol = "auto"
+	// ProtocolHTTP1: HTTP/1.1 only.
+	ProtocolHTTP1 Protocol = "http1"
+	// ProtocolH2: HTTP/2 over TLS (needs tls.enabled).
+	ProtocolH2 Protocol = "h2"
+	// ProtocolH2C: HTTP/2 with prior knowledge over cleartext.
+	ProtocolH2C Protocol = "h2c"
+)
+
+// Default body limits: bodies up to MemoryLimit are held in memory, up to
+// SpoolLimit spooled to a file, and streamed once beyond.
+const (
+	DefaultMemoryLimit int64 = 64 << 10
+	DefaultSpoolLimit  int64 = 8 << 20
+	// DefaultRefreshTimeout bounds a credential refresh command.
+	DefaultRefreshTimeout = 10 * time.Second
+)
+
+// IdempotencyKeyHeader is the header an upstream that honours keys reads.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// BodyLimits sizes request body buffering (bytes).
+type BodyLimits struct {
+	MemoryLimit int64
+	SpoolLimit  int64
+}
+
+// Route declares the idempotency of requests by method and path prefix.
+type Route struct {
+	// Method is an HTTP method (case-sensitive) or "*" for any.
+	Method string
+	// PathPrefix starts with "/"; it matches whole path segments:
+	// "/v1/orders" matches "/v1/orders" and "/v1/orders/7", not
+	// "/v1/orders-old". A prefix ending in "/" matches anything under it.
+	PathPrefix string
+	Idempotent bool
+}
+
+// TLS is TLS origination: the pod speaks plain HTTP, egret speaks TLS to the
+// upstream. File paths are absolute after parsing.
+type TLS struct {
+	Enabled            bool
+	ServerName         string
+	CAFile             string
+	CertFile           string
+	KeyFile            string
+	InsecureSkipVerify bool
+}
+
+// Credential is a bearer token egret refreshes after a 401.
+type Credential struct {
+	// BearerTokenFile holds the token (surrounding white space ignored).
+	BearerTokenFile string
+	// RefreshCommand, when set, is run (argv, no shell) to renew the file
+	// before it is read again; RefreshTimeout bounds it.
+	RefreshCommand []string
+	RefreshTimeout time.Duration
+}
+
+// Upstream is the resolved policy of one upstream entry (or of the
+// defaults): every field set, inherited ones included.
+type Upstream struct {
+	// Name keys the node-wide retry budget. An entry's `name`, else its
+	// host and port; for the defaults and for entries without a fixed port
+	// Match fills in the destination's own host:port, so each destination
+	// gets its own budget unless entries are grouped by name.
+	Name string
+	// Host is the pattern: an exact host, "*.suffix", or "" for the
+	// defaults. Port is 0 for any port.
+	Host string
+	Port int
+
+	MaxAttempts    int
+	Timeout        time.Duration // overall, waits included; 0: none
+	AttemptTimeout time.Duration // one attempt up to response headers; 0: none
+	MinAttempt     time.Duration
+	Backoff        engine.Backoff
+	Budget         engine.BudgetConfig
+	// TransientStatuses are extra 5xx statuses retried for idempotent
+	// requests. Read-only: it is shared.
+	TransientStatuses     []int
+	HonoursIdempotencyKey bool
+	InjectIdempotencyKey  bool
+	// MethodDefault: the RFC 9110 idempotent methods count as idempotent.
+	MethodDefault bool
+	// Routes in precedence order (longest prefix first, a method before
+	// "*"). Read-only.
+	Routes     []Route
+	Bulkhead   int // concurrent attempts; 0: unlimited
+	Body       BodyLimits
+	Protocol   Protocol
+	TLS        TLS
+	Credential Credential
+
+	named     bool // Name came from the file, or host and port are fixed
+	tlsConfig *tls.Config
+	refresher *Refresher
+	refresh   func(ctx context.Context, req *http.Request) error
+}
+
+// Policy is a parsed policy file: the defaults and the upstream entries.
+type Policy struct {
+	// Source names where it came from ("embedded defaults" or a file).
+	Source    string
+	Defaults  *Upstream
+	Upstreams []*Upstream
+	// Warnings are legal but risky settings (a bearer token in cleartext,
+	// certificate checks off); a Watcher logs them.
+	Warnings []string
+
+	docs  []*rawDoc // the layers it was resolved from, for Overlay
+	exact map[string]map[int]*Upstream
+	wild  map[string]map[int]*Upstream // key: ".suffix"
+	files []string                     // TLS files, watched for rotation
+}
+
+// builtin is the embedded default upstream policy: the spec's simulate
+// defaults with a 15 s overall timeout.
+func builtin() Upstream {
+	d := retry.DefaultPolicy("")
+	return Upstream{
+		MaxAttempts:    d.MaxAttempts,
+		Timeout:        d.Timeout,
+		AttemptTimeout: d.AttemptTimeout,
+		MinAttempt:     d.MinAttempt,
+		Backoff:        d.Backoff,
+		Budget:         d.Budget,
+		MethodDefault:  true,
+		Body:           BodyLimits{MemoryLimit: DefaultMemoryLimit, SpoolLimit: DefaultSpoolLimit},
+		Protocol:       ProtocolAuto,
+	}
+}
+
+// Default returns the embedded policy: no upstream entries, and defaults of
+// 3 attempts, full jitter 25 ms to 1 s, minimum attempt 50 ms, budget 0.2 /
+// 10 a second / 10 s, 15 s overall timeout, 64 KiB in memory, 8 MiB
+// spooled.
+func Default() *Policy {
+	p, err := build("embedded defaults", nil)
+	if err != nil {
+		panic("policy: embedded defaults do not build: " + err.Error())
+	}
+	return p
+}
+
+// Match returns the policy of the upstream at host and port: the most
+// specific entry (an exact host before any wildcard, a longer wildcard
+// suffix before a shorter, then a fixed port before any port), else the
+// defaults. Host is matched case-insensitively, without a trailing dot;
+// an IPv6 literal may come with or without brackets. The result has its
+// Name filled in; do not modify it.
+func (p *Policy) Match(host string, port int) *Upstream {
+	h := normalizeHost(host)
+	if u := pick(p.exact[h], port); u != nil {
+		return u.forDestination(h, port)
+	}
+	for i := 0; i < len(h); i++ {
+		if h[i] != '.' {
+			continue
+		}
+		if u := pick(p.wild[h[i:]], port); u != nil {
+			return u.forDestination(h, port)
+		}
+	}
+	return p.Defaults.forDestination(h, port)
+}
+
+func pick(byPort map[int]*Upstream, port int) *Upstream {
+	if byPort == nil {
+		return nil
+	}
+	if u := byPort[port]; u != nil {
+		return u
+	}
+	return byPort[0]
+}
+
+// forDestination returns u itself when its budget name is fixed, else a copy named
+// after the destination.
+func (u *Upstream) forDestination(host string, port int) *Upstream {
+	if u.named {
+		return u
+	}
+	c := *u
+	c.Name = net.JoinHostPort(host, strconv.Itoa(port))
+	return &c
+}
+
+func normalizeHost(h string) string {
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	h = strings.TrimSuffix(h, ".")
+	if strings.Contains(h, ":") { // IPv6: one spelling of each address
+		if ip := net.ParseIP(h); ip != nil {
+			return ip.String()
+		}
+	}
+	return strings.ToLower(h)
+}
+
+// Route returns the route that decides a request, if any: the longest
+// matching prefix, a route naming the method before a "*" one. The path is
+// cleaned first ("//a/./b" is "/a/b") and a query is ignored, so a request
+// cannot escape a route by spelling its path differently.
+func (u *Upstream) Route(method, p string) (Route, bool) {
+	if len(u.Routes) == 0 {
+		return Route{}, false
+	}
+	p = cleanPath(p)
+	for _, r := range u.Routes {
+		if (r.Method == "*" || r.Method == method) && prefixMatch(r.PathPrefix, p) {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
+func cleanPath(p string) string {
+	if i := strings.IndexAny(p, "?#"); i >= 0 {
+		p = p[:i]
+	}
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	trailing := strings.HasSuffix(p, "/")
+	p = path.Clean(p)
+	if trailing && p != "/" {
+		p += "/"
+	}
+	return p
+}
+
+func prefixMatch(prefix, p string) bool {
+	if !strings.HasPrefix(p, prefix) {
+		return false
+	}
+	return len(p) == len(prefix) || strings.HasSuffix(prefix, "/") || p[len(prefix)] == '/'
+}
+
+// Idempotency returns the idempotency policy for a request to method and
+// path (spec section 1): the route if one matches, else the upstream's keys
+// and method default.
+func (u *Upstream) Idempotency(method, path string) engine.Idempotency {
+	id := engine.Idempotency{
+		HonoursKeys:      u.HonoursIdempotencyKey,
+		MethodDefaultOff: !u.MethodDefault,
+	}
+	if r, ok := u.Route(method, path); ok {
+		id.RouteSet, id.Route = true, r.Idempotent
+	}
+	return id
+}
+
+// Idempotent resolves whether the request is safely idempotent: route,
+// then Idempotency-Key (hasKey) on an upstream that honours keys, then the
+// method default.
+func (u *Upstream) Idempotent(method, path string, hasKey bool) bool {
+	return u.Idempotency(method, path).Resolve(method, hasKey)
+}
+
+// ShouldInjectKey reports whether the proxy should add a fresh
+// Idempotency-Key (NewIdempotencyKey) to this request: the upstream injects
+// keys, the request has none, and it is not idempotent otherwise. A route
+// that declares the request not idempotent wins over keys, so no key is
+// injected there.
+func (u *Upstream) ShouldInjectKey(method, path string, hasKey bool) bool {
+	if !u.InjectIdempotencyKey || hasKey {
+		return false
+	}
+	id := u.Idempotency(method, path)
+	if id.RouteSet {
+		return false
+	}
+	return !id.Resolve(method, false)
+}
+
+// NewIdempotencyKey returns a fresh random key (a UUID version 4).
+func NewIdempotencyKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var out [36]byte
+	hex.Encode(out[0:8], b[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], b[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], b[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], b[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:], b[10:])
+	return string(out[:])
+}
+
+// RetryPolicy is the retry.Policy for one request to this upstream. Its
+// Idempotency carries the matched route, the upstream's keys and method
+// default; the attempt runner resolves it with the request's own
+// Idempotency-Key header (after any injection). Refresh is set when the
+// upstream has a credential: it renews the token and sets
+// "Authorization: Bearer <token>" on the request.
+func (u *Upstream) RetryPolicy(method, path string) retry.Policy {
+	return retry.Policy{
+		Upstream:          u.Name,
+		MaxAttempts:       u.MaxAttempts,
+		Timeout:           u.Timeout,
+		AttemptTimeout:    u.AttemptTimeout,
+		MinAttempt:        u.MinAttempt,
+		Backoff:           u.Backoff,
+		Budget:            u.Budget,
+		TransientStatuses: u.TransientStatuses,
+		Idempotency:       u.Idempotency(method, path),
+		Refresh:           u.refresh,
+	}
+}
+
+// Refresher returns the upstream's credential refresher, or nil when it has
+// no credential. It is shared by every request to the upstream under this
+// Policy.
+func (u *Upstream) Refresher() *Refresher { return u.refresher }
+
+// TLSConfig returns a fresh copy of the upstream's TLS client configuration,
+// or nil when TLS origination is off. ServerName is empty when the policy
+// names none: the caller sets the destination host. The files were loaded
+// when the policy was parsed; a Watcher reloads when they change.
+func (u *Upstream) TLSConfig() *tls.Config {
+	if u.tlsConfig == nil {
+		return nil
+	}
+	return u.tlsConfig.Clone()
+}
