@@ -109,6 +109,10 @@ type Attempt struct {
 	Decision                    engine.Result
 	// Budget is the upstream's retry tokens when the decision was taken.
 	Budget float64
+	// HiddenRetries counts connections net/http moved to inside this
+	// attempt (its own replay of a request on a pooled connection that
+	// died). The evidence then never claims not_sent; see Transport.
+	HiddenRetries int
 }
 
 // Trace is the short history of one request.

@@ -32,6 +32,14 @@ type Counters struct {
 	// DataSegsOut counts data segments sent (tcpi_data_segs_out).
 	DataSegsOut    uint64
 	HasDataSegsOut bool
+	// NotSentBytes counts bytes the socket accepted from the program but
+	// has not handed to the network yet (tcpi_notsent_bytes). Such bytes
+	// may still leave after the snapshot, so they void a proof unless the
+	// queue was discarded (QueueDiscarded: the socket was then closed with
+	// SO_LINGER 0, which drops the queue and sends RST).
+	NotSentBytes    uint64
+	HasNotSentBytes bool
+	QueueDiscarded  bool
 	// BytesAcked counts payload bytes the peer acknowledged.
 	BytesAcked uint64
 	// Retransmits and RTOs count retransmitted segments and RTO firings.
@@ -54,9 +62,14 @@ type Witness interface {
 
 // NoByteLeft reports whether the two snapshots prove that no byte was sent on
 // the socket between them: the sent-byte counter and the data-segment counter
-// are both readable in both snapshots and neither moved.
+// are both readable in both snapshots and neither moved. When the after
+// snapshot knows the send queue, bytes still queued (which could leave
+// later) void the proof unless the queue was discarded.
 func NoByteLeft(before, after Counters) bool {
 	if !before.HasBytesSent || !after.HasBytesSent || !before.HasDataSegsOut || !after.HasDataSegsOut {
+		return false
+	}
+	if after.HasNotSentBytes && after.NotSentBytes > 0 && !after.QueueDiscarded {
 		return false
 	}
 	return before.BytesSent == after.BytesSent && before.DataSegsOut == after.DataSegsOut

@@ -1,0 +1,258 @@
+package retry
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"net/http/httptrace"
+	"os"
+	"sync"
+	"syscall"
+
+	"golang.org/x/net/http2"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+// errAttemptTimeout is the cause of an attempt's context when its
+// per-attempt timeout fired.
+var errAttemptTimeout = errors.New("egret: attempt timeout")
+
+// attemptTrace follows one attempt through httptrace. Its hooks may run on
+// net/http's goroutines, hence the lock.
+type attemptTrace struct {
+	w witness.Witness
+
+	mu                        sync.Mutex
+	dnsStart, dnsDone         bool
+	connectStart, connectDone bool
+	tlsStart, tlsDone         bool
+	tlsErr                    error
+	gotConns                  int
+	conn                      net.Conn
+	wroteHeaders              bool
+	wroteRequest              bool
+	writeErr                  error
+	firstByte                 bool
+	// mayHaveSent: some connection of this attempt (net/http may have
+	// retried on its own) got as far as writing the request.
+	mayHaveSent bool
+	before      witness.Counters
+	hasBefore   bool
+	beforeErr   error
+}
+
+func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		DNSStart: func(httptrace.DNSStartInfo) { a.mu.Lock(); a.dnsStart = true; a.mu.Unlock() },
+		DNSDone:  func(httptrace.DNSDoneInfo) { a.mu.Lock(); a.dnsDone = true; a.mu.Unlock() },
+		ConnectStart: func(string, string) {
+			a.mu.Lock()
+			a.connectStart = true
+			a.mu.Unlock()
+		},
+		ConnectDone: func(_, _ string, err error) {
+			a.mu.Lock()
+			if err == nil {
+				a.connectDone = true
+			}
+			a.mu.Unlock()
+		},
+		TLSHandshakeStart: func() { a.mu.Lock(); a.tlsStart = true; a.mu.Unlock() },
+		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
+			a.mu.Lock()
+			a.tlsDone, a.tlsErr = true, err
+			a.mu.Unlock()
+		},
+		GotConn:              a.gotConn,
+		WroteHeaders:         func() { a.mu.Lock(); a.wroteHeaders, a.mayHaveSent = true, true; a.mu.Unlock() },
+		WroteRequest:         a.wroteReq,
+		GotFirstResponseByte: func() { a.mu.Lock(); a.firstByte = true; a.mu.Unlock() },
+	}
+}
+
+// gotConn takes the witness's "before" snapshot: the request write starts
+// on this connection now.
+func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.gotConns++
+	a.conn = info.Conn
+	a.wroteHeaders, a.wroteRequest, a.writeErr, a.firstByte = false, false, nil, false
+	a.hasBefore, a.beforeErr = false, nil
+	if a.w == nil || info.Conn == nil {
+		return
+	}
+	if wc := witnessConnOf(info.Conn); wc != nil {
+		wc.arm(a.w)
+	}
+	raw, err := rawConnOf(info.Conn)
+	if err == nil {
+		a.before, err = a.w.Snapshot(raw)
+	}
+	a.hasBefore, a.beforeErr = err == nil, err
+}
+
+func (a *attemptTrace) wroteReq(info httptrace.WroteRequestInfo) {
+	a.mu.Lock()
+	a.wroteRequest, a.writeErr, a.mayHaveSent = true, info.Err, true
+	a.mu.Unlock()
+}
+
+// freezeConn freezes the attempt's connection for the witness when it is
+// not shared with other requests (an attempt timeout on HTTP/1.1).
+func (a *attemptTrace) freezeConn() {
+	a.mu.Lock()
+	c := a.conn
+	a.mu.Unlock()
+	if c == nil {
+		return
+	}
+	if wc := witnessConnOf(c); wc != nil && !wc.shared {
+		wc.freeze()
+	}
+}
+
+// after returns the witness's "after" snapshot of a failed attempt: the one
+// its connection took when it froze, or, for a connection we cannot
+// freeze, none.
+func (a *attemptTrace) after() (witness.Counters, bool) {
+	a.mu.Lock()
+	c := a.conn
+	a.mu.Unlock()
+	if c == nil || a.w == nil {
+		return witness.Counters{}, false
+	}
+	wc := witnessConnOf(c)
+	if wc == nil {
+		// Not our connection: a live reading is all there is, and only
+		// if nothing is queued (NoByteLeft checks that).
+		raw, err := rawConnOf(c)
+		if err != nil {
+			return witness.Counters{}, false
+		}
+		s, err := a.w.Snapshot(raw)
+		return s, err == nil
+	}
+	if !wc.shared {
+		wc.freeze()
+	}
+	return wc.finalSnapshot()
+}
+
+// classify maps a failed attempt to its failure category (spec section 2)
+// from the error and how far the trace got. timedOut says the attempt's own
+// timeout (or the overall deadline) fired.
+func (a *attemptTrace) classify(err error, timedOut bool) (engine.Category, Stage) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, st := a.classifyLocked(err, timedOut)
+	// A connection of this attempt may have carried the request before
+	// net/http moved to another one: never claim not_sent then.
+	if c.Evidence() == engine.NotSent && a.mayHaveSent && c != engine.RefusedStream {
+		return engine.ConnectionReset, StageHeaders
+	}
+	return c, st
+}
+
+func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category, Stage) {
+	var de *DialError
+	if errors.As(err, &de) {
+		if de.Op == "tls" {
+			if isCertError(de.Err) {
+				return engine.TLSCertificate, StageTLS
+			}
+			return engine.TLSHandshake, StageTLS
+		}
+		return dialCategory(de.Err, timedOut || a.connectStart && !a.connectDone && isTimeout(de.Err))
+	}
+	var se http2.StreamError
+	if errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream {
+		return engine.RefusedStream, StageHeaders
+	}
+	if isH2RefusedGoAway(err) {
+		return engine.RefusedStream, StageHeaders
+	}
+	if a.gotConns == 0 {
+		// No connection yet: nothing of the request was written.
+		switch {
+		case isCertError(err):
+			return engine.TLSCertificate, StageTLS
+		case a.tlsStart && (!a.tlsDone || a.tlsErr != nil):
+			return engine.TLSHandshake, StageTLS
+		}
+		var dns *net.DNSError
+		var op *net.OpError
+		switch {
+		case errors.As(err, &dns):
+			return dnsCategory(dns), StageDNS
+		case errors.As(err, &op) && op.Op == "dial":
+			return dialCategory(err, timedOut)
+		case timedOut && a.dnsStart && !a.dnsDone:
+			return engine.DNSFailure, StageDNS
+		case timedOut && a.connectStart && !a.connectDone:
+			return engine.ConnectTimeout, StageConnect
+		}
+		// Waiting for a pooled connection, a bulkhead, or the caller gave
+		// up before a connection existed.
+		return engine.PoolTimeout, StagePool
+	}
+	switch {
+	case timedOut && !a.firstByte:
+		return engine.ResponseTimeout, StageHeaders
+	case a.writeErr != nil:
+		return engine.WriteFailed, StageWrite
+	case !a.wroteRequest:
+		if a.wroteHeaders {
+			return engine.WriteFailed, StageWrite
+		}
+		return engine.ConnectionReset, StageWrite
+	}
+	return engine.ConnectionReset, StageHeaders
+}
+
+func dialCategory(err error, timedOut bool) (engine.Category, Stage) {
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return dnsCategory(dns), StageDNS
+	}
+	if timedOut || isTimeout(err) {
+		return engine.ConnectTimeout, StageConnect
+	}
+	// Refused, unreachable, reset during the handshake: the connection
+	// never existed, so no byte of a request was written.
+	return engine.ConnectRefused, StageConnect
+}
+
+func dnsCategory(e *net.DNSError) engine.Category {
+	if e.IsNotFound {
+		return engine.DNSNotFound
+	}
+	return engine.DNSFailure
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errAttemptTimeout) {
+		return true
+	}
+	if errors.Is(err, syscall.ETIMEDOUT) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func isCertError(err error) bool {
+	var (
+		cv *tls.CertificateVerificationError
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+		ce x509.ConstraintViolationError
+	)
+	return errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) ||
+		errors.As(err, &ci) || errors.As(err, &ce)
+}

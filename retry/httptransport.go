@@ -1,0 +1,457 @@
+package retry
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// HTTPOptions configures the one-attempt transport built by NewHTTPTransport.
+// The zero value is usable: pooled HTTP/1.1 with keep-alive, no HTTP/2.
+type HTTPOptions struct {
+	// DialContext dials the upstream's TCP connection; the agent sets it to
+	// dial from inside a pod's network namespace. nil: a net.Dialer with
+	// DialTimeout, KeepAlive and Mark.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// DialTimeout bounds the TCP connect (0: 10 s). Ignored with DialContext.
+	DialTimeout time.Duration
+	// KeepAlive is the TCP keep-alive period (0: 15 s, negative: off).
+	KeepAlive time.Duration
+	// Mark sets SO_MARK on upstream sockets (Linux; 0: none), so that the
+	// agent's own connections are not redirected back to itself.
+	Mark int
+	// TLS is the client configuration for https upstreams (TLS origination).
+	// nil: the system roots. NextProtos is managed by the transport.
+	TLS *tls.Config
+	// TLSHandshakeTimeout bounds a TLS handshake (0: 10 s).
+	TLSHandshakeTimeout time.Duration
+	// HTTP2 offers h2 by ALPN to https upstreams; H2C speaks HTTP/2 with
+	// prior knowledge to http upstreams.
+	HTTP2 bool
+	H2C   bool
+	// MaxIdleConnsPerHost (0: 64), MaxConnsPerHost (0: no limit) and
+	// IdleConnTimeout (0: 4 s, below the 5 s keep-alive of common servers,
+	// so that a pooled connection is rarely reused just as the server
+	// closes it) size the HTTP/1.1 pool.
+	MaxIdleConnsPerHost int
+	MaxConnsPerHost     int
+	IdleConnTimeout     time.Duration
+	// DisableCompression stops the transport from asking for gzip on its
+	// own (a proxy relays the client's Accept-Encoding as it is).
+	DisableCompression bool
+	// MaxResponseHeaderBytes limits response headers (0: net/http's default).
+	MaxResponseHeaderBytes int64
+}
+
+// DialError is an error from opening the upstream connection, before any
+// byte of a request could be written on it. Op is "dial" (name resolution
+// and TCP connect) or "tls" (the TLS handshake).
+type DialError struct {
+	Op   string
+	Addr string
+	Err  error
+}
+
+func (e *DialError) Error() string { return "egret: " + e.Op + " " + e.Addr + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *DialError) Unwrap() error { return e.Err }
+
+// HTTPTransport runs one attempt of a request on pooled connections:
+// HTTP/1.1 through net/http's Transport, HTTP/2 on connections it pools
+// itself, so that no HTTP/2 request is ever retried behind the caller's back
+// (x/net/http2's own pool retries refused streams and GOAWAYs up to six
+// times). Every connection it opens can be watched by a kernel witness.
+type HTTPTransport struct {
+	opts  HTTPOptions
+	h1    *http.Transport
+	h2t   *http2.Transport
+	h2    *h2Pool
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
+	stash connStash // TLS conns that negotiated http/1.1, handed to h1
+	alpn  sync.Map  // addr -> time.Time until which the addr is known http/1.1
+}
+
+var _ http.RoundTripper = (*HTTPTransport)(nil)
+
+// NewHTTPTransport builds the default one-attempt transport.
+func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 10 * time.Second
+	}
+	if opts.KeepAlive == 0 {
+		opts.KeepAlive = 15 * time.Second
+	}
+	if opts.TLSHandshakeTimeout <= 0 {
+		opts.TLSHandshakeTimeout = 10 * time.Second
+	}
+	if opts.MaxIdleConnsPerHost <= 0 {
+		opts.MaxIdleConnsPerHost = 64
+	}
+	if opts.IdleConnTimeout <= 0 {
+		opts.IdleConnTimeout = 4 * time.Second
+	}
+	t := &HTTPTransport{opts: opts}
+	t.dial = opts.DialContext
+	if t.dial == nil {
+		d := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive}
+		if opts.Mark != 0 {
+			mark := opts.Mark
+			d.Control = func(network, address string, c syscall.RawConn) error { return setMark(c, mark) }
+		}
+		t.dial = d.DialContext
+	}
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	t.h1 = &http.Transport{
+		Proxy:                  nil,
+		DialContext:            t.dialPlain,
+		DialTLSContext:         t.dialTLSH1,
+		MaxIdleConns:           0,
+		MaxIdleConnsPerHost:    opts.MaxIdleConnsPerHost,
+		MaxConnsPerHost:        opts.MaxConnsPerHost,
+		IdleConnTimeout:        opts.IdleConnTimeout,
+		DisableCompression:     opts.DisableCompression,
+		MaxResponseHeaderBytes: opts.MaxResponseHeaderBytes,
+		ExpectContinueTimeout:  time.Second,
+		Protocols:              p,
+		// No HTTP/2 inside net/http: an h2 connection there would retry
+		// on its own.
+		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	if opts.HTTP2 || opts.H2C {
+		t.h2t = &http2.Transport{
+			AllowHTTP:          true,
+			DisableCompression: opts.DisableCompression,
+			IdleConnTimeout:    opts.IdleConnTimeout * 8,
+			ReadIdleTimeout:    30 * time.Second,
+			PingTimeout:        10 * time.Second,
+		}
+		if opts.MaxResponseHeaderBytes > 0 {
+			t.h2t.MaxHeaderListSize = uint32(min(opts.MaxResponseHeaderBytes, 1<<31))
+		}
+		t.h2 = &h2Pool{t: t, conns: make(map[string][]*h2Conn), dialing: make(map[string]chan struct{})}
+	}
+	return t
+}
+
+// RoundTrip runs one attempt. It never retries.
+func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL == nil {
+		return nil, errors.New("egret: request without URL")
+	}
+	if t.h2 != nil {
+		addr := canonicalAddr(req.URL)
+		switch req.URL.Scheme {
+		case "http":
+			if t.opts.H2C {
+				return t.h2.roundTrip(req, addr, false)
+			}
+		case "https":
+			if t.opts.HTTP2 && !t.knownH1(addr) {
+				return t.h2.roundTrip(req, addr, true)
+			}
+		}
+	}
+	return t.h1.RoundTrip(req)
+}
+
+// CloseIdleConnections closes every idle pooled connection.
+func (t *HTTPTransport) CloseIdleConnections() {
+	t.h1.CloseIdleConnections()
+	if t.h2 != nil {
+		t.h2.closeIdle()
+	}
+	t.stash.closeAll()
+}
+
+func (t *HTTPTransport) knownH1(addr string) bool {
+	v, ok := t.alpn.Load(addr)
+	return ok && time.Now().Before(v.(time.Time))
+}
+
+// dialPlain opens a TCP connection wrapped for the witness.
+func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := t.dial(ctx, network, addr)
+	if err != nil {
+		return nil, &DialError{Op: "dial", Addr: addr, Err: err}
+	}
+	return newWitnessConn(c), nil
+}
+
+// dialTLSH1 is net/http's TLS dialer: a connection that already negotiated
+// http/1.1 by ALPN first, else a new one offering only http/1.1.
+func (t *HTTPTransport) dialTLSH1(ctx context.Context, network, addr string) (net.Conn, error) {
+	if c := t.stash.take(addr); c != nil {
+		return c, nil
+	}
+	return t.dialTLS(ctx, network, addr, []string{"http/1.1"})
+}
+
+// dialTLS opens a TCP connection and runs the TLS handshake on it, firing
+// the TLS hooks of the request's httptrace.
+func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, protos []string) (*tls.Conn, error) {
+	raw, err := t.dialPlain(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{}
+	if t.opts.TLS != nil {
+		cfg = t.opts.TLS.Clone()
+	}
+	cfg.NextProtos = protos
+	if cfg.ServerName == "" {
+		host, _, _ := net.SplitHostPort(addr)
+		cfg.ServerName = host
+	}
+	tc := tls.Client(raw, cfg)
+	trace := httptrace.ContextClientTrace(ctx)
+	if trace != nil && trace.TLSHandshakeStart != nil {
+		trace.TLSHandshakeStart()
+	}
+	hctx, cancel := context.WithTimeout(ctx, t.opts.TLSHandshakeTimeout)
+	err = tc.HandshakeContext(hctx)
+	cancel()
+	if trace != nil && trace.TLSHandshakeDone != nil {
+		trace.TLSHandshakeDone(tc.ConnectionState(), err)
+	}
+	if err != nil {
+		raw.Close()
+		return nil, &DialError{Op: "tls", Addr: addr, Err: err}
+	}
+	return tc, nil
+}
+
+// canonicalAddr is the URL's host:port with the scheme's default port.
+func canonicalAddr(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// connStash keeps TLS connections that negotiated http/1.1 while the h2
+// pool probed the upstream, so that net/http's pool uses them.
+type connStash struct {
+	mu sync.Mutex
+	m  map[string][]net.Conn
+}
+
+func (s *connStash) put(addr string, c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = make(map[string][]net.Conn)
+	}
+	if len(s.m[addr]) >= 4 {
+		c.Close()
+		return
+	}
+	s.m[addr] = append(s.m[addr], c)
+}
+
+func (s *connStash) take(addr string) net.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.m[addr]
+	if len(l) == 0 {
+		return nil
+	}
+	c := l[len(l)-1]
+	s.m[addr] = l[:len(l)-1]
+	return c
+}
+
+func (s *connStash) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, l := range s.m {
+		for _, c := range l {
+			c.Close()
+		}
+		delete(s.m, k)
+	}
+}
+
+// h2Conn is one pooled HTTP/2 connection.
+type h2Conn struct {
+	cc   *http2.ClientConn
+	nc   net.Conn // what GotConn reports: the *tls.Conn or the witness conn
+	used bool
+}
+
+// h2Pool pools HTTP/2 client connections by address and calls
+// ClientConn.RoundTrip directly, so that a refused stream or a GOAWAY
+// reaches the retry Transport as it is.
+type h2Pool struct {
+	t       *HTTPTransport
+	mu      sync.Mutex
+	conns   map[string][]*h2Conn
+	dialing map[string]chan struct{}
+}
+
+// errH1 says an https upstream chose http/1.1 by ALPN.
+var errH1 = errors.New("egret: upstream negotiated http/1.1")
+
+func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
+	ctx := req.Context()
+	trace := httptrace.ContextClientTrace(ctx)
+	if trace != nil && trace.GetConn != nil {
+		trace.GetConn(addr)
+	}
+	// A connection that became unusable before our stream was opened
+	// wrote nothing of this request: taking another one is not a retry.
+	for try := 0; ; try++ {
+		c, reused, err := p.get(ctx, addr, useTLS)
+		if errors.Is(err, errH1) {
+			return p.t.h1.RoundTrip(req)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if trace != nil && trace.GotConn != nil {
+			trace.GotConn(httptrace.GotConnInfo{Conn: c.nc, Reused: reused})
+		}
+		resp, err := c.cc.RoundTrip(req)
+		if err != nil && isH2Unusable(err) && try < 3 {
+			continue
+		}
+		return resp, err
+	}
+}
+
+// isH2Unusable matches x/net/http2's errClientConnUnusable, returned before
+// a stream is opened.
+func isH2Unusable(err error) bool {
+	return err != nil && err.Error() == "http2: client conn not usable"
+}
+
+// get returns a connection with a stream reserved for the caller.
+func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool) (*h2Conn, bool, error) {
+	for {
+		p.mu.Lock()
+		live := p.conns[addr][:0]
+		var found *h2Conn
+		for _, c := range p.conns[addr] {
+			st := c.cc.State()
+			if st.Closed || (st.Closing && st.StreamsActive == 0 && st.StreamsReserved == 0) {
+				if !st.Closed {
+					c.cc.Close()
+				}
+				continue
+			}
+			live = append(live, c)
+			if found == nil && c.cc.ReserveNewRequest() {
+				found = c
+			}
+		}
+		clear(p.conns[addr][len(live):])
+		p.conns[addr] = live
+		if found != nil {
+			reused := found.used
+			found.used = true
+			p.mu.Unlock()
+			return found, reused, nil
+		}
+		if wait, ok := p.dialing[addr]; ok {
+			p.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, false, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		p.dialing[addr] = done
+		p.mu.Unlock()
+
+		c, err := p.dial(ctx, addr, useTLS)
+		p.mu.Lock()
+		delete(p.dialing, addr)
+		close(done)
+		if err != nil {
+			p.mu.Unlock()
+			return nil, false, err
+		}
+		p.conns[addr] = append(p.conns[addr], c)
+		ok := c.cc.ReserveNewRequest()
+		c.used = true
+		p.mu.Unlock()
+		if ok {
+			return c, false, nil
+		}
+	}
+}
+
+func (p *h2Pool) dial(ctx context.Context, addr string, useTLS bool) (*h2Conn, error) {
+	var nc net.Conn
+	if useTLS {
+		tc, err := p.t.dialTLS(ctx, "tcp", addr, []string{"h2", "http/1.1"})
+		if err != nil {
+			return nil, err
+		}
+		if tc.ConnectionState().NegotiatedProtocol != "h2" {
+			p.t.alpn.Store(addr, time.Now().Add(10*time.Minute))
+			p.t.stash.put(addr, tc)
+			return nil, errH1
+		}
+		nc = tc
+	} else {
+		c, err := p.t.dialPlain(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		nc = c
+	}
+	if wc := witnessConnOf(nc); wc != nil {
+		wc.shared = true
+	}
+	cc, err := p.t.h2t.NewClientConn(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("egret: http2 connection to %s: %w", addr, err)
+	}
+	return &h2Conn{cc: cc, nc: nc}, nil
+}
+
+func (p *h2Pool) closeIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for addr, l := range p.conns {
+		live := l[:0]
+		for _, c := range l {
+			st := c.cc.State()
+			if st.StreamsActive == 0 && st.StreamsReserved == 0 && st.StreamsPending == 0 {
+				c.cc.Close()
+				continue
+			}
+			live = append(live, c)
+		}
+		clear(l[len(live):])
+		p.conns[addr] = live
+	}
+}
+
+// isH2RefusedGoAway matches the errors x/net/http2 gives a stream whose id
+// is above a GOAWAY's last-stream-id (the server never processed it).
+func isH2RefusedGoAway(err error) bool {
+	s := err.Error()
+	return s == "http2: Transport received Server's graceful shutdown GOAWAY" ||
+		strings.HasPrefix(s, "http2: Transport received GOAWAY from server ErrCode:")
+}

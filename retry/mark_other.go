@@ -1,0 +1,11 @@
+//go:build !linux
+
+package retry
+
+import (
+	"errors"
+	"syscall"
+)
+
+// setMark is unsupported outside Linux.
+func setMark(syscall.RawConn, int) error { return errors.New("egret: SO_MARK needs Linux") }

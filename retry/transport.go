@@ -1,0 +1,750 @@
+package retry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+// HeaderOutcome marks a relayed response whose status is ambiguous (a
+// 502-504 answer to a non-idempotent request).
+const HeaderOutcome = "Egret-Outcome"
+
+// DefaultKeepBody is how much of a retried response's body is buffered so
+// that the response can still be returned when later attempts fail
+// without one.
+const DefaultKeepBody = 64 << 10
+
+// Transport is an http.RoundTripper that runs a request's attempts on Base
+// and retries only when engine.Decide allows it (spec decision.md).
+//
+// Truthfulness against hidden retries: net/http's Transport replays a
+// request by itself on a new connection when a pooled one turns out dead
+// (nothing written; or, for GET/HEAD/OPTIONS/TRACE and requests carrying
+// an Idempotency-Key, the server closed it before answering), and
+// x/net/http2's pool replays refused streams and GOAWAYs up to six times.
+// Transport therefore sends every attempt with GetBody unset (net/http
+// cannot replay a body it cannot rewind), gives a body-less request that
+// the policy calls non-idempotent an empty non-NoBody body (net/http then
+// treats it as not replayable), and NewHTTPTransport runs HTTP/2 on its own
+// pool that calls ClientConn.RoundTrip directly. What remains (a body-less
+// idempotent request replayed on a fresh connection, or one that wrote
+// nothing) is allowed by the spec anyway; it is counted in
+// Attempt.HiddenRetries and never lets the attempt claim not_sent.
+//
+// The zero value is usable. Fields must not change once requests run.
+type Transport struct {
+	// Base runs one attempt. nil: NewHTTPTransport(HTTPOptions{}).
+	Base http.RoundTripper
+	// Policy gives the request's policy. nil: DefaultPolicy(host:port).
+	Policy func(*http.Request) Policy
+	// Budgets holds the node-wide retry budgets. nil: a private registry.
+	Budgets *engine.Budgets
+	// Witness, when set, may upgrade sent_no_response to not_sent with
+	// proof from the kernel that no byte of the attempt left the host.
+	Witness witness.Witness
+	// Rand is the jitter's source. nil: engine.DefaultRand.
+	Rand engine.Rand
+	// Draining reports that the runtime is shutting down (no new retries).
+	Draining func() bool
+	// Acquire, when set, takes a bulkhead permit for one attempt; release
+	// is called when the attempt ends (for a returned response: when its
+	// body is closed or read to the end). No permit is held while waiting
+	// before a retry. An error is the attempt's pool_timeout.
+	Acquire func(ctx context.Context, upstream string) (release func(), err error)
+	// OnTrace is called once per request when it is finished: when RoundTrip
+	// returns an error, or when the returned response's body is closed or
+	// read to its end.
+	OnTrace func(*Trace)
+	// Now is the clock of the trace and the budget. nil: time.Now.
+	Now func() time.Time
+	// Sleep waits d before a retry, returning early with an error when ctx
+	// is done. nil: a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// KeepBody bounds the buffered body of a retried response kept in case
+	// later attempts fail without one (0: DefaultKeepBody; < 0: keep none).
+	KeepBody int64
+	// Metrics, when set, counts attempts, decisions, outcomes and upgrades.
+	Metrics *Metrics
+
+	once    sync.Once
+	base    http.RoundTripper
+	budgets *engine.Budgets
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+func (t *Transport) init() {
+	t.once.Do(func() {
+		t.base = t.Base
+		if t.base == nil {
+			t.base = NewHTTPTransport(HTTPOptions{})
+		}
+		t.budgets = t.Budgets
+		if t.budgets == nil {
+			t.budgets = engine.NewBudgets()
+		}
+	})
+}
+
+func (t *Transport) now() time.Time {
+	if t.Now != nil {
+		return t.Now()
+	}
+	return time.Now()
+}
+
+func (t *Transport) rand() engine.Rand {
+	if t.Rand != nil {
+		return t.Rand
+	}
+	return engine.DefaultRand
+}
+
+func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
+	if t.Sleep != nil {
+		return t.Sleep(ctx, d)
+	}
+	if d <= 0 {
+		return ctx.Err()
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// CloseIdleConnections closes Base's idle connections.
+func (t *Transport) CloseIdleConnections() {
+	t.init()
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// policyFor resolves the request's policy and fills its gaps.
+func (t *Transport) policyFor(req *http.Request) Policy {
+	var p Policy
+	if t.Policy != nil {
+		p = t.Policy(req)
+	} else {
+		p = DefaultPolicy("")
+	}
+	if p.Upstream == "" && req.URL != nil {
+		p.Upstream = canonicalAddr(req.URL)
+	}
+	if p.MaxAttempts < 1 {
+		p.MaxAttempts = 1
+	}
+	if p.Backoff == (engine.Backoff{}) {
+		p.Backoff = engine.DefaultBackoff
+	}
+	if p.Budget == (engine.BudgetConfig{}) {
+		p.Budget = engine.DefaultBudget
+	}
+	return p
+}
+
+// BodyKind returns the replayability of the request's body: none without a
+// body; what a body implementing BodyKind() engine.Body says of itself
+// (if it says replayable or reopenable, GetBody must be set to reopen it);
+// replayable with GetBody; else one_shot.
+func BodyKind(req *http.Request) engine.Body {
+	if req.Body == nil || req.Body == http.NoBody {
+		return engine.BodyNone
+	}
+	k := engine.BodyOneShot
+	if req.GetBody != nil {
+		k = engine.BodyReplayable
+	}
+	if bk, ok := req.Body.(interface{ BodyKind() engine.Body }); ok {
+		k = bk.BodyKind()
+		if k.Replayable() && k != engine.BodyNone && req.GetBody == nil {
+			k = engine.BodyOneShot
+		}
+	}
+	return k
+}
+
+// RoundTrip runs the request's attempts (see Transport). It returns the last
+// response, or an *AmbiguousError or *Error.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.init()
+	r := &run{t: t, req: req, work: req, start: t.now()}
+	return r.do()
+}
+
+// run is one request going through its attempts.
+type run struct {
+	t          *Transport
+	req, work  *http.Request
+	pol        Policy
+	start      time.Time
+	idempotent bool
+	kind       engine.Body
+	ctx        context.Context
+	cancel     context.CancelFunc
+	trace      *Trace
+	ledger     engine.Ledger
+	budget     *engine.Budget
+
+	// kept is the last response of a retried status, buffered; keptAfter
+	// says a later attempt got past not_sent without a response.
+	kept      *http.Response
+	keptAmbig bool
+	keptAfter bool
+}
+
+// attemptResult is how one attempt ended.
+type attemptResult struct {
+	resp    *http.Response // headers arrived and the body did not break before its first byte
+	peek    []byte         // the body's first chunk
+	peekErr error          // the error that came with it
+	err     error          // the failure, when resp is nil
+	release func()         // bulkhead permit, nil when none or released
+	cancel  context.CancelCauseFunc
+}
+
+func (r *run) do() (*http.Response, error) {
+	req, t := r.req, r.t
+	r.pol = t.policyFor(req)
+	r.idempotent = r.pol.Idempotency.Resolve(req.Method, req.Header.Get("Idempotency-Key") != "")
+	r.kind = BodyKind(req)
+	r.ctx, r.cancel = req.Context(), func() {}
+	if r.pol.Timeout > 0 {
+		r.ctx, r.cancel = context.WithDeadline(r.ctx, r.start.Add(r.pol.Timeout))
+	}
+	r.trace = &Trace{
+		RequestID:  req.Header.Get("Egret-Request-Id"),
+		Method:     req.Method,
+		Upstream:   r.pol.Upstream,
+		Idempotent: r.idempotent,
+		Body:       r.kind,
+		Start:      r.start,
+	}
+	if req.URL != nil {
+		r.trace.URL = req.URL.String()
+	}
+	if err := validate(req); err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		rec := Attempt{N: 1, Start: r.start, Stage: StagePool, Failure: engine.RequestInvalid,
+			Evidence: engine.NotSent, Err: err.Error(), Decision: engine.Result{Reason: engine.ReasonPermanentFailure}}
+		r.ledger.Record(engine.NotSent, engine.RequestInvalid, 0, rec.Decision)
+		r.trace.Attempts = append(r.trace.Attempts, rec)
+		return nil, r.fail(errors.Join(ErrRequestInvalid, err))
+	}
+	r.budget = t.budgets.Get(r.pol.Upstream, r.pol.Budget)
+	r.budget.Earn(t.now())
+
+	body := req.Body
+	for n := 1; ; n++ {
+		ar, rec := r.attempt(n, body)
+		res := r.decide(n, &rec, ar)
+		r.trace.Attempts = append(r.trace.Attempts, rec)
+		t.Metrics.attempt(&rec)
+		if res.Decision != engine.Retry {
+			return r.finish(ar, &rec)
+		}
+		// Retry: nothing of this attempt is held while waiting.
+		if ar.resp != nil {
+			r.keep(ar)
+		} else if rec.Evidence != engine.NotSent {
+			r.keptAfter = true
+		}
+		ar.done()
+		if rec.Status == http.StatusUnauthorized {
+			if err := r.refresh(); err != nil {
+				return r.stop(err)
+			}
+		}
+		if err := t.sleep(r.ctx, res.Wait); err != nil {
+			return r.stop(err)
+		}
+		body = nil
+		if r.kind != engine.BodyNone {
+			b, err := r.work.GetBody()
+			if err != nil {
+				return r.stop(errors.Join(ErrRequestInvalid, err))
+			}
+			body = b
+		}
+	}
+}
+
+// validate refuses what no attempt could send.
+func validate(req *http.Request) error {
+	switch {
+	case req.URL == nil:
+		return errors.New("request without URL")
+	case req.URL.Scheme != "http" && req.URL.Scheme != "https":
+		return errors.New("unsupported scheme " + strconv.Quote(req.URL.Scheme))
+	case req.URL.Host == "":
+		return errors.New("request without host")
+	}
+	return nil
+}
+
+// refresh runs the credential refresher once, on a private copy of the
+// request so that the caller's headers are never touched.
+func (r *run) refresh() error {
+	if r.pol.Refresh == nil {
+		return errors.New("egret: no credential refresher")
+	}
+	if r.work == r.req {
+		r.work = r.req.Clone(r.req.Context())
+	}
+	r.ledger.Refreshed = true
+	return r.pol.Refresh(r.ctx, r.work)
+}
+
+// emptyBody is a body with no bytes that net/http cannot rewind: it keeps
+// net/http from replaying a body-less request the policy calls
+// non-idempotent.
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
+
+// netHTTPReplays reports whether net/http would replay this body-less
+// request on its own after a dead pooled connection.
+func netHTTPReplays(req *http.Request) bool {
+	switch req.Method {
+	case "", "GET", "HEAD", "OPTIONS", "TRACE":
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+}
+
+// attemptTimer bounds an attempt up to its response headers.
+type attemptTimer struct {
+	mu      sync.Mutex
+	stopped bool
+	fired   bool
+	tm      *time.Timer
+}
+
+func (a *attemptTimer) stop() (fired bool) {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	a.stopped = true
+	fired = a.fired
+	a.mu.Unlock()
+	a.tm.Stop()
+	return fired
+}
+
+func (a *attemptTimer) hasFired() bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.fired
+}
+
+// attempt runs attempt n and classifies how it ended.
+func (r *run) attempt(n int, body io.ReadCloser) (*attemptResult, Attempt) {
+	t := r.t
+	rec := Attempt{N: n, Start: t.now()}
+	ar := &attemptResult{}
+	actx, cancel := context.WithCancelCause(r.ctx)
+	ar.cancel = cancel
+	at := &attemptTrace{w: t.Witness}
+	actx = httptrace.WithClientTrace(actx, at.clientTrace())
+	var timer *attemptTimer
+	if r.pol.AttemptTimeout > 0 {
+		timer = &attemptTimer{}
+		timer.tm = time.AfterFunc(r.pol.AttemptTimeout, func() {
+			timer.mu.Lock()
+			if timer.stopped {
+				timer.mu.Unlock()
+				return
+			}
+			timer.fired = true
+			timer.mu.Unlock()
+			at.freezeConn()
+			cancel(errAttemptTimeout)
+		})
+	}
+	defer func() { rec.Duration = t.now().Sub(rec.Start) }()
+
+	if t.Acquire != nil {
+		release, err := t.Acquire(actx, r.pol.Upstream)
+		if err != nil {
+			timer.stop()
+			if body != nil {
+				body.Close()
+			}
+			ar.err = err
+			rec.Stage, rec.Failure, rec.Evidence, rec.Err = StagePool, engine.PoolTimeout, engine.NotSent, err.Error()
+			return ar, rec
+		}
+		ar.release = release
+	}
+
+	areq := r.work.WithContext(actx)
+	areq.GetBody = nil
+	areq.Body = body
+	if r.kind == engine.BodyNone {
+		areq.Body, areq.ContentLength = nil, 0
+		if !r.idempotent && netHTTPReplays(areq) {
+			areq.Body = emptyBody{}
+		}
+	}
+	resp, err := t.base.RoundTrip(areq)
+	fired := timer.stop()
+	if err == nil && fired {
+		resp.Body.Close()
+		resp, err = nil, context.Cause(actx)
+	}
+	at.mu.Lock()
+	rec.HiddenRetries = max(0, at.gotConns-1)
+	at.mu.Unlock()
+	if err != nil {
+		timedOut := fired || timer.hasFired() || errors.Is(r.ctx.Err(), context.DeadlineExceeded)
+		ar.err = err
+		rec.Err = err.Error()
+		rec.Failure, rec.Stage = at.classify(err, timedOut)
+		rec.Evidence = rec.Failure.Evidence()
+		r.witness(at, &rec)
+		return ar, rec
+	}
+	rec.Status = resp.StatusCode
+	rec.Stage = StageComplete
+	rec.Evidence = engine.ResponseReceived
+	if needPeek(areq, resp) {
+		buf := make([]byte, 4096)
+		var k int
+		var perr error
+		for range 8 {
+			k, perr = resp.Body.Read(buf)
+			if k > 0 || perr != nil {
+				break
+			}
+		}
+		if k == 0 && perr != nil && perr != io.EOF {
+			// The body broke before its first byte: nothing was delivered,
+			// so this is an attempt failure like any other.
+			resp.Body.Close()
+			ar.err = perr
+			rec.Err = perr.Error()
+			rec.Stage, rec.Failure, rec.Evidence = StageBody, engine.BodyInterrupted, engine.PartialResponse
+			return ar, rec
+		}
+		ar.peek, ar.peekErr = buf[:k], perr
+	}
+	ar.resp = resp
+	return ar, rec
+}
+
+// witness lets the kernel witness upgrade sent_no_response to not_sent.
+func (r *run) witness(at *attemptTrace, rec *Attempt) {
+	if r.t.Witness == nil || rec.Evidence != engine.SentNoResponse {
+		return
+	}
+	at.mu.Lock()
+	before, hasBefore, conns, mayHaveSentEarlier := at.before, at.hasBefore, at.gotConns, at.gotConns > 1
+	at.mu.Unlock()
+	if !hasBefore || conns != 1 || mayHaveSentEarlier {
+		return
+	}
+	after, ok := at.after()
+	rec.WitnessBefore = before
+	if !ok {
+		return
+	}
+	rec.WitnessAfter = after
+	if witness.NoByteLeft(before, after) {
+		rec.Evidence, rec.Upgraded = engine.NotSent, true
+	}
+}
+
+// needPeek says whether the response may have a body to peek at.
+func needPeek(req *http.Request, resp *http.Response) bool {
+	if req.Method == http.MethodHead || resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0 {
+		return false
+	}
+	s := resp.StatusCode
+	return s >= 200 && s != http.StatusNoContent && s != http.StatusNotModified
+}
+
+// done releases what the attempt holds (its permit and context).
+func (ar *attemptResult) done() {
+	if ar.resp != nil {
+		ar.resp.Body.Close()
+		ar.resp = nil
+	}
+	if ar.release != nil {
+		ar.release()
+		ar.release = nil
+	}
+	ar.cancel(nil)
+}
+
+// decide asks the engine about attempt n and records the answer.
+func (r *run) decide(n int, rec *Attempt, ar *attemptResult) engine.Result {
+	t := r.t
+	now := t.now()
+	in := engine.Input{
+		Attempt:           n,
+		MaxAttempts:       r.pol.MaxAttempts,
+		BudgetTokens:      r.budget.Tokens(now),
+		Body:              r.kind,
+		Draining:          t.Draining != nil && t.Draining(),
+		MinAttempt:        r.pol.MinAttempt,
+		Failure:           rec.Failure,
+		Evidence:          rec.Evidence,
+		Idempotent:        r.idempotent,
+		TransientStatuses: r.pol.TransientStatuses,
+		CanRefresh:        r.pol.Refresh != nil,
+		Refreshed:         r.ledger.Refreshed,
+		Backoff:           r.pol.Backoff,
+		PrevWait:          r.ledger.PrevWait,
+	}
+	if dl, ok := r.ctx.Deadline(); ok {
+		in.HasDeadline, in.DeadlineRemaining = true, dl.Sub(now)
+	}
+	if ar.resp != nil {
+		in.Status = rec.Status
+		if s := rec.Status; s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable {
+			in.RetryAfter, in.HasRetryAfter = parseRetryAfter(ar.resp.Header.Get("Retry-After"), now)
+		}
+	}
+	res := engine.Decide(&in, t.rand())
+	if res.Decision == engine.Retry {
+		switch {
+		case r.ctx.Err() != nil:
+			// The caller gave up (a deadline would have been caught by
+			// rule 6).
+			res = engine.Result{Decision: engine.Deny, Reason: engine.ReasonDeadline}
+		case !r.budget.Spend(now):
+			res = engine.Result{Decision: engine.Deny, Reason: engine.ReasonBudgetExhausted}
+		}
+	}
+	rec.Budget = in.BudgetTokens
+	rec.Decision = res
+	r.ledger.Record(rec.Evidence, rec.Failure, rec.Status, res)
+	return res
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP-date.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s < 0 {
+			return 0, false
+		}
+		if s > 1<<31 {
+			s = 1 << 31
+		}
+		return time.Duration(s) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(0, at.Sub(now)), true
+	}
+	return 0, false
+}
+
+// keep buffers a retried response's body so that it can be returned if the
+// later attempts fail without a response.
+func (r *run) keep(ar *attemptResult) {
+	limit := r.t.KeepBody
+	if limit == 0 {
+		limit = DefaultKeepBody
+	}
+	resp := ar.resp
+	r.kept, r.keptAmbig, r.keptAfter = nil, false, false
+	if limit < 0 || resp.ContentLength > limit {
+		return
+	}
+	buf := append([]byte(nil), ar.peek...)
+	if ar.peekErr == nil {
+		rest, err := io.ReadAll(io.LimitReader(resp.Body, limit-int64(len(buf))+1))
+		if err != nil || int64(len(buf)+len(rest)) > limit {
+			return
+		}
+		buf = append(buf, rest...)
+	} else if ar.peekErr != io.EOF {
+		return
+	}
+	kept := *resp
+	kept.Body = io.NopCloser(bytes.NewReader(buf))
+	kept.ContentLength = int64(len(buf))
+	r.kept = &kept
+}
+
+// stop ends the request early (the caller gave up, a refresh or GetBody
+// failed): the outcome is told from the attempts so far.
+func (r *run) stop(cause error) (*http.Response, error) {
+	if r.kept != nil && (r.idempotent || !r.keptAfter) {
+		return r.deliver(r.kept, nil, nil, nil, r.keptAmbig), nil
+	}
+	return nil, r.failWith(cause)
+}
+
+// finish tells the caller how the request ended after the engine's last
+// decision.
+func (r *run) finish(ar *attemptResult, rec *Attempt) (*http.Response, error) {
+	if ar.resp != nil {
+		resp := ar.resp
+		ar.resp = nil
+		return r.deliver(resp, ar.peek, ar.peekErr, ar, r.ledger.AmbiguousStatus), nil
+	}
+	ar.done()
+	if rec.Evidence != engine.NotSent {
+		r.keptAfter = true
+	}
+	// A response kept from an earlier attempt is the last response, unless
+	// a non-idempotent request was sent again after it: then that response
+	// no longer tells the truth.
+	if r.kept != nil && (r.idempotent || !r.keptAfter) {
+		return r.deliver(r.kept, nil, nil, nil, r.keptAmbig), nil
+	}
+	return nil, r.failWith(ar.err)
+}
+
+// failWith builds the error of a request that ends without a response.
+func (r *run) failWith(cause error) error {
+	r.cancel()
+	return r.fail(cause)
+}
+
+func (r *run) fail(cause error) error {
+	o := r.ledger.Outcome(r.idempotent, false)
+	r.trace.Outcome = o
+	status := r.ledger.Status(o)
+	n := len(r.trace.Attempts)
+	var err error
+	if o == engine.OutcomeAmbiguous {
+		err = &AmbiguousError{Status: status, Attempts: n, Trace: r.trace, Err: cause}
+	} else {
+		err = &Error{Outcome: o, Status: status, Attempts: n, Trace: r.trace, Err: cause}
+	}
+	r.t.Metrics.outcome(o.String())
+	if r.t.OnTrace != nil {
+		r.t.OnTrace(r.trace)
+	}
+	return err
+}
+
+// deliver returns resp to the caller with a body that finishes the request
+// when it is closed or read to its end.
+func (r *run) deliver(resp *http.Response, peek []byte, peekErr error, ar *attemptResult, ambiguous bool) *http.Response {
+	if ambiguous {
+		r.trace.Outcome = engine.OutcomeAmbiguous
+		resp.Header = resp.Header.Clone()
+		if resp.Header == nil {
+			resp.Header = make(http.Header)
+		}
+		resp.Header.Set(HeaderOutcome, engine.OutcomeAmbiguous.String())
+	}
+	b := &responseBody{rc: resp.Body, peek: peek, peekErr: peekErr, r: r, ar: ar}
+	resp.Body = b
+	return resp
+}
+
+// responseBody is the body of a returned response.
+type responseBody struct {
+	rc      io.ReadCloser
+	peek    []byte
+	peekErr error
+	r       *run
+	ar      *attemptResult
+	once    sync.Once
+}
+
+func (b *responseBody) Read(p []byte) (int, error) {
+	if len(b.peek) > 0 {
+		n := copy(p, b.peek)
+		b.peek = b.peek[n:]
+		return n, nil
+	}
+	var n int
+	var err error
+	if b.peekErr != nil {
+		err = b.peekErr
+	} else {
+		n, err = b.rc.Read(p)
+	}
+	if err != nil {
+		if err != io.EOF {
+			b.interrupted(err)
+		}
+		b.finish()
+	}
+	return n, err
+}
+
+// interrupted records a body that broke after the response was returned:
+// the caller gets the error, nothing is retried.
+func (b *responseBody) interrupted(err error) {
+	b.once.Do(func() {
+		tr := b.r.trace
+		if len(tr.Attempts) > 0 {
+			a := &tr.Attempts[len(tr.Attempts)-1]
+			a.Stage, a.Failure, a.Evidence, a.Err = StageBody, engine.BodyInterrupted, engine.PartialResponse, err.Error()
+		}
+		b.done()
+	})
+}
+
+func (b *responseBody) Close() error {
+	err := b.rc.Close()
+	b.finish()
+	return err
+}
+
+func (b *responseBody) finish() { b.once.Do(b.done) }
+
+func (b *responseBody) done() {
+	if b.ar != nil {
+		if b.ar.release != nil {
+			b.ar.release()
+			b.ar.release = nil
+		}
+		b.ar.cancel(nil)
+	}
+	r := b.r
+	r.cancel()
+	if r.trace.Outcome == engine.OutcomeNone {
+		r.t.Metrics.outcome("response")
+	} else {
+		r.t.Metrics.outcome(r.trace.Outcome.String())
+	}
+	if r.t.OnTrace != nil {
+		r.t.OnTrace(r.trace)
+	}
+}
+
+// TraceOf returns the trace of a response returned by Transport.RoundTrip,
+// e.g. for a proxy to tell the number of attempts before relaying it. Read
+// it only from the goroutine that reads the body.
+func TraceOf(resp *http.Response) (*Trace, bool) {
+	if resp == nil {
+		return nil, false
+	}
+	b, ok := resp.Body.(*responseBody)
+	if !ok {
+		return nil, false
+	}
+	return b.r.trace, true
+}

@@ -1,0 +1,174 @@
+package retry
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"sync"
+	"syscall"
+
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+// errFrozen is returned by writes on a connection frozen for the witness.
+var errFrozen = errors.New("egret: connection frozen after a failure")
+
+// witnessConn wraps an upstream TCP connection so that the kernel witness
+// can prove that no byte of a failed attempt left the host.
+//
+// The proof needs the "after" snapshot to be taken at the failure, before
+// anything else is written on the socket (a TLS close_notify would move the
+// counters) and with nothing of the request left to leave later. So the
+// connection freezes at its first read or write error, when the retry
+// Transport says so (attempt timeout), or at Close: from then on it refuses
+// writes, it takes the final snapshot if no write is in flight, and if
+// bytes are still queued in the socket it sets SO_LINGER 0 so that closing
+// it discards them (RST) instead of sending them.
+type witnessConn struct {
+	net.Conn
+	raw syscall.RawConn
+	// shared: the connection multiplexes requests (HTTP/2); a retry
+	// Transport must not freeze it for one stream.
+	shared bool
+
+	mu       sync.Mutex
+	w        witness.Witness
+	writing  int
+	frozen   bool
+	final    witness.Counters
+	finalOK  bool
+	finalErr error
+}
+
+func newWitnessConn(c net.Conn) *witnessConn {
+	wc := &witnessConn{Conn: c}
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			wc.raw = raw
+		}
+	}
+	return wc
+}
+
+// SyscallConn exposes the socket to witnesses.
+func (c *witnessConn) SyscallConn() (syscall.RawConn, error) {
+	if c.raw == nil {
+		return nil, witness.ErrUnsupported
+	}
+	return c.raw, nil
+}
+
+// NetConn returns the wrapped connection.
+func (c *witnessConn) NetConn() net.Conn { return c.Conn }
+
+// arm sets the witness used for the final snapshot.
+func (c *witnessConn) arm(w witness.Witness) {
+	c.mu.Lock()
+	c.w = w
+	c.mu.Unlock()
+}
+
+func (c *witnessConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if c.frozen {
+		c.mu.Unlock()
+		return 0, errFrozen
+	}
+	c.writing++
+	c.mu.Unlock()
+	n, err := c.Conn.Write(p)
+	c.mu.Lock()
+	c.writing--
+	c.mu.Unlock()
+	if err != nil {
+		c.freeze()
+	}
+	return n, err
+}
+
+func (c *witnessConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.freeze()
+	}
+	return n, err
+}
+
+// Close freezes the connection (taking the final snapshot) and closes it.
+func (c *witnessConn) Close() error {
+	c.freeze()
+	return c.Conn.Close()
+}
+
+// freeze stops all writes and takes the final snapshot once.
+func (c *witnessConn) freeze() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.frozen {
+		return
+	}
+	c.frozen = true
+	if c.w == nil || c.raw == nil {
+		return
+	}
+	if c.writing > 0 {
+		// A write is inside the kernel right now: its bytes may be queued
+		// after any snapshot we take. No proof.
+		c.finalErr = errors.New("egret: write in flight at the failure")
+		return
+	}
+	snap, err := c.w.Snapshot(c.raw)
+	if err != nil {
+		c.finalErr = err
+		return
+	}
+	if snap.HasNotSentBytes && snap.NotSentBytes > 0 {
+		if l, ok := c.Conn.(interface{ SetLinger(int) error }); ok && l.SetLinger(0) == nil {
+			snap.QueueDiscarded = true
+		}
+	}
+	c.final, c.finalOK = snap, true
+}
+
+// finalSnapshot returns the snapshot taken when the connection froze.
+func (c *witnessConn) finalSnapshot() (witness.Counters, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.final, c.finalOK
+}
+
+// witnessConnOf finds the witnessConn under c (through *tls.Conn).
+func witnessConnOf(c net.Conn) *witnessConn {
+	for range 4 {
+		switch v := c.(type) {
+		case *witnessConn:
+			return v
+		case *tls.Conn:
+			c = v.NetConn()
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// rawConnOf returns the socket under c, unwrapping *tls.Conn and any
+// connection with a NetConn method.
+func rawConnOf(c net.Conn) (syscall.RawConn, error) {
+	for range 4 {
+		if sc, ok := c.(syscall.Conn); ok {
+			return sc.SyscallConn()
+		}
+		switch v := c.(type) {
+		case *tls.Conn:
+			c = v.NetConn()
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil, witness.ErrUnsupported
+		}
+	}
+	return nil, witness.ErrUnsupported
+}
