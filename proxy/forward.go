@@ -43,9 +43,6 @@ type Exchange struct {
 	Policy   retry.Policy
 	Bulkhead *Bulkhead
 	base     http.RoundTripper
-
-	mu    sync.Mutex
-	trace *retry.Trace
 }
 
 type exchangeKey struct{}
@@ -54,19 +51,6 @@ type exchangeKey struct{}
 func ExchangeFrom(ctx context.Context) *Exchange {
 	x, _ := ctx.Value(exchangeKey{}).(*Exchange)
 	return x
-}
-
-func (x *Exchange) setTrace(t *retry.Trace) {
-	x.mu.Lock()
-	x.trace = t
-	x.mu.Unlock()
-}
-
-// Trace returns the trace the runner reported, nil before it did.
-func (x *Exchange) Trace() *retry.Trace {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.trace
 }
 
 // newRequestID returns a fresh request id: 16 hex digits.
@@ -258,6 +242,7 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Excha
 	h := req.Header.Clone()
 	removeHopHeaders(h)
 	h.Del("Expect") // the proxy already has the body
+	h.Set(HeaderRequestID, x.ID)
 	if c.s.cfg.Mode == Explicit && c.s.cfg.Via != "" {
 		h.Add("Via", fmt.Sprintf("%d.%d %s", req.ProtoMajor, req.ProtoMinor, c.s.cfg.Via))
 	}
@@ -293,13 +278,14 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Excha
 	return out
 }
 
-// attemptsOf is the number of attempts the runner reported for x.
-func attemptsOf(x *Exchange, err error) int {
+// attemptsOf is the number of attempts the runner reports for a response
+// or an error.
+func attemptsOf(resp *http.Response, err error) int {
 	if n := retry.AttemptsOf(err); n > 0 {
 		return n
 	}
-	if t := x.Trace(); t != nil {
-		return len(t.Attempts)
+	if tr, ok := retry.TraceOf(resp); ok {
+		return len(tr.Attempts)
 	}
 	return 1
 }
@@ -323,7 +309,7 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 	if status == 0 {
 		status = http.StatusBadGateway
 	}
-	n := attemptsOf(x, err)
+	n := attemptsOf(nil, err)
 	c.s.cfg.Metrics.request(outcome.String())
 	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
 		msg: err.Error(), close: !keep})
@@ -335,7 +321,7 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 // reports whether the connection may carry another request.
 func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start time.Time, keep bool) bool {
 	defer resp.Body.Close()
-	n := attemptsOf(x, nil)
+	n := attemptsOf(resp, nil)
 	h := resp.Header.Clone()
 	removeHopHeaders(h)
 	cl := h.Get("Content-Length")

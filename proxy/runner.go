@@ -1,13 +1,13 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
 	"sync"
 
-	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
 )
@@ -78,30 +78,35 @@ func (baseRouter) RoundTrip(req *http.Request) (*http.Response, error) {
 	return x.base.RoundTrip(req)
 }
 
-// newRunner builds the attempt runner.
-//
-// TODO(retry.Transport): until the retry runner lands this runs one
-// attempt and never claims not-sent: a failure is ambiguous for a request
-// that is not idempotent and failed otherwise.
+// newRunner builds the attempt runner: a retry.Transport whose hooks are
+// the server's (policy of the request's exchange, bulkhead, draining, trace
+// store and metrics).
 func (s *Server) newRunner() http.RoundTripper {
-	return &oneAttempt{s: s}
-}
-
-type oneAttempt struct{ s *Server }
-
-func (o *oneAttempt) RoundTrip(req *http.Request) (*http.Response, error) {
-	x := ExchangeFrom(req.Context())
-	release, err := x.Bulkhead.Acquire(req.Context())
-	if err != nil {
-		return nil, &retry.Error{Outcome: engine.OutcomeNotSent, Status: 503, Attempts: 1, Err: err}
+	return &retry.Transport{
+		Base:     baseRouter{},
+		Budgets:  s.cfg.Budgets,
+		Witness:  s.cfg.Witness,
+		Draining: s.Draining,
+		Policy: func(req *http.Request) retry.Policy {
+			if x := ExchangeFrom(req.Context()); x != nil {
+				return x.Policy
+			}
+			return retry.DefaultPolicy("")
+		},
+		Acquire: func(ctx context.Context, upstream string) (func(), error) {
+			b := s.cfg.Bulkheads.Lookup(upstream)
+			if x := ExchangeFrom(ctx); x != nil && x.Bulkhead != nil {
+				b = x.Bulkhead
+			}
+			if b == nil {
+				return func() {}, nil
+			}
+			return b.Acquire(ctx)
+		},
+		OnTrace: func(tr *retry.Trace) {
+			s.cfg.Traces.Put(tr)
+			s.cfg.Metrics.trace(tr)
+		},
+		Metrics: s.cfg.RetryMetrics,
 	}
-	resp, err := baseRouter{}.RoundTrip(req)
-	release()
-	if err == nil {
-		return resp, nil
-	}
-	if x.Policy.Idempotency.Resolve(req.Method, req.Header.Get(policy.IdempotencyKeyHeader) != "") {
-		return nil, &retry.Error{Outcome: engine.OutcomeFailed, Status: 502, Attempts: 1, Err: err}
-	}
-	return nil, &retry.AmbiguousError{Status: 502, Attempts: 1, Err: err}
 }

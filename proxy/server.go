@@ -14,6 +14,7 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/retry"
 )
 
 // Mode is how a Server learns where a request goes.
@@ -93,7 +94,9 @@ type Config struct {
 	Bulkheads *Bulkheads
 	Traces    *Traces
 	Metrics   *Metrics
-	Logger    *slog.Logger
+	// RetryMetrics are the attempt runner's own (egret_retry_...).
+	RetryMetrics *retry.Metrics
+	Logger       *slog.Logger
 
 	// SniffTimeout is how long a transparent connection may stay silent
 	// before it is taken for a server-speaks-first protocol.

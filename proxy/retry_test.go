@@ -1,0 +1,482 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fastRetries is a policy with short, fixed waits so tests run quickly.
+const fastRetries = `
+defaults:
+  max_attempts: 3
+  timeout: 5s
+  min_attempt: 10ms
+  backoff: {kind: full, base: 5ms, max: 20ms}
+  budget: {ratio: 1, min_per_second: 100, ttl: 10s}
+`
+
+func TestRetryVisibleInAttempts(t *testing.T) {
+	var n atomic.Int64
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "second time lucky")
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, fastRetries)})
+	resp, err := p.client().Get(up.url("/flaky"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || readAll(t, resp.Body) != "second time lucky" {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	checkEgretHeaders(t, resp, "2")
+	if up.requests.Load() != 2 {
+		t.Fatalf("upstream executed %d times, want 2", up.requests.Load())
+	}
+	// The trace store knows the request by the id the client saw.
+	id := resp.Header.Get(HeaderRequestID)
+	var tr, ok = p.Traces().Get(id)
+	for i := 0; !ok && i < 100; i++ { // OnTrace runs as the body ends
+		time.Sleep(5 * time.Millisecond)
+		tr, ok = p.Traces().Get(id)
+	}
+	if !ok {
+		t.Fatalf("no trace for request %s", id)
+	}
+	if len(tr.Attempts) != 2 || tr.Attempts[0].Status != 503 || tr.Attempts[1].Status != 200 {
+		t.Fatalf("trace attempts %+v", tr.Attempts)
+	}
+	if tr.Method != "GET" || !strings.HasSuffix(tr.URL, "/flaky") {
+		t.Errorf("trace names %s %s", tr.Method, tr.URL)
+	}
+}
+
+func TestNotSentClosedPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: connect refused
+	p := startProxy(t, Config{Policy: mustPolicy(t, fastRetries)})
+	for _, method := range []string{"GET", "POST"} {
+		req, _ := http.NewRequest(method, "http://"+addr+"/", strings.NewReader("x"))
+		resp, err := p.client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 503 || resp.Header.Get(HeaderOutcome) != "not-sent" {
+			t.Errorf("%s to a closed port: %d %s=%q, want 503 not-sent", method, resp.StatusCode,
+				HeaderOutcome, resp.Header.Get(HeaderOutcome))
+		}
+		checkEgretHeaders(t, resp, "3")
+	}
+}
+
+// faultServer is a raw TCP upstream: each connection is given to handle.
+func faultServer(t *testing.T, handle func(c net.Conn, br *bufio.Reader)) (addr string, conns *atomic.Int64) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	conns = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				handle(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	return ln.Addr().String(), conns
+}
+
+// resetConn closes c with a RST.
+func resetConn(c net.Conn) {
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+}
+
+func TestAmbiguousPostResetAfterRequest(t *testing.T) {
+	var executed atomic.Int64
+	addr, _ := faultServer(t, func(c net.Conn, br *bufio.Reader) {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		executed.Add(1) // the whole request arrived: the server ran it
+		resetConn(c)
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, fastRetries)})
+	resp, err := p.client().Post("http://"+addr+"/pay", "text/plain", strings.NewReader("5 EUR"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 502 || resp.Header.Get(HeaderOutcome) != "ambiguous" {
+		t.Fatalf("POST reset after the request: %d %q, want 502 ambiguous", resp.StatusCode, resp.Header.Get(HeaderOutcome))
+	}
+	checkEgretHeaders(t, resp, "1")
+	if executed.Load() != 1 {
+		t.Fatalf("executed %d times, want once", executed.Load())
+	}
+
+	// The same fault on a GET is retried, and the answer says failed.
+	resp, err = p.client().Get("http://" + addr + "/read")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 502 || resp.Header.Get(HeaderOutcome) != "failed" {
+		t.Fatalf("GET reset after the request: %d %q, want 502 failed", resp.StatusCode, resp.Header.Get(HeaderOutcome))
+	}
+	checkEgretHeaders(t, resp, "3")
+}
+
+func TestAmbiguousStatusRelayedMarked(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadGateway)
+		io.WriteString(w, "upstream says 502")
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, fastRetries)})
+	resp, err := p.client().Post(up.url("/"), "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 502 || resp.Header.Get(HeaderOutcome) != "ambiguous" {
+		t.Fatalf("got %d %q, want the 502 relayed with Egret-Outcome: ambiguous", resp.StatusCode, resp.Header.Get(HeaderOutcome))
+	}
+	if b := readAll(t, resp.Body); b != "upstream says 502" {
+		t.Fatalf("body %q", b)
+	}
+	checkEgretHeaders(t, resp, "1")
+}
+
+func TestTimeoutHeaderShortensNeverLengthens(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, `
+defaults:
+  max_attempts: 1
+  timeout: 1500ms
+  min_attempt: 10ms
+`)})
+	get := func(header string) (time.Duration, *http.Response) {
+		req, _ := http.NewRequest("GET", up.url("/slow"), nil)
+		if header != "" {
+			req.Header.Set(HeaderTimeoutMs, header)
+		}
+		start := time.Now()
+		resp, err := p.client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(start), resp
+	}
+	d, resp := get("200")
+	if resp.StatusCode != 504 || d > time.Second {
+		t.Errorf("with %s: 200: status %d after %v, want 504 well before the policy's 1.5 s", HeaderTimeoutMs, resp.StatusCode, d)
+	}
+	checkEgretHeaders(t, resp, "1")
+	d, resp = get("60000")
+	if resp.StatusCode != 504 || d < 1400*time.Millisecond || d > 5*time.Second {
+		t.Errorf("with %s: 60000: status %d after %v, want 504 at the policy's 1.5 s", HeaderTimeoutMs, resp.StatusCode, d)
+	}
+}
+
+func TestResponseBodyBreakAbortsClient(t *testing.T) {
+	addr, _ := faultServer(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"+strings.Repeat("a", 100))
+		time.Sleep(50 * time.Millisecond)
+		resetConn(c)
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, fastRetries)})
+	for range 2 {
+		c, err := net.Dial("tcp", p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: x\r\n\r\n", addr)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err == nil {
+			t.Fatalf("a broken upstream body ended cleanly for the client (%d bytes)", len(b))
+		}
+		if len(b) != 100 {
+			t.Errorf("client got %d bytes before the break, want the 100 sent", len(b))
+		}
+		c.Close()
+	}
+}
+
+// countingDial counts upstream connections open now.
+type countingDial struct {
+	open atomic.Int64
+	max  atomic.Int64
+}
+
+func (d *countingDial) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	n := d.open.Add(1)
+	for m := d.max.Load(); n > m && !d.max.CompareAndSwap(m, n); m = d.max.Load() {
+	}
+	return &countedConn{Conn: c, d: d}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	d    *countingDial
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.d.open.Add(-1) })
+	return c.Conn.Close()
+}
+
+func TestNoConnectionOrPermitHeldDuringBackoff(t *testing.T) {
+	attempt := make(chan int, 4)
+	proceed := make(chan struct{})
+	var n atomic.Int64
+	addr, _ := faultServer(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			k := int(n.Add(1))
+			attempt <- k
+			if k == 1 {
+				resetConn(c) // first attempt: the connection dies, GET is retried
+				return
+			}
+			<-proceed
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	dial := &countingDial{}
+	p := startProxy(t, Config{Dial: dial.dial, Policy: mustPolicy(t, `
+defaults:
+  max_attempts: 2
+  timeout: 10s
+  min_attempt: 10ms
+  bulkhead: 4
+  backoff: {kind: decorrelated, base: 600ms, max: 600ms}
+  budget: {ratio: 1, min_per_second: 100, ttl: 10s}
+`)})
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := p.client().Get("http://" + addr + "/")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	<-attempt
+	bh := func() *Bulkhead { return p.Bulkheads().Lookup(addr) }
+	// Attempt 1 ended with a reset; the runner waits 600 ms. Look in the
+	// middle of the wait.
+	time.Sleep(250 * time.Millisecond)
+	if got := dial.open.Load(); got != 0 {
+		t.Errorf("during the backoff %d upstream connections are open, want 0", got)
+	}
+	if b := bh(); b == nil || b.InUse() != 0 {
+		t.Errorf("during the backoff the bulkhead has permits in use: %v", b)
+	}
+	select {
+	case k := <-attempt:
+		if k != 2 {
+			t.Fatalf("attempt %d", k)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no second attempt")
+	}
+	// During attempt 2, one connection and one permit are held: the
+	// counters do see an attempt.
+	if got := dial.open.Load(); got != 1 {
+		t.Errorf("during attempt 2, %d upstream connections open, want 1", got)
+	}
+	if b := bh(); b.InUse() != 1 {
+		t.Errorf("during attempt 2, %d permits in use, want 1", b.InUse())
+	}
+	close(proceed)
+	resp := <-done
+	if resp == nil {
+		return
+	}
+	checkEgretHeaders(t, resp, "2")
+	readAll(t, resp.Body)
+	deadline := time.Now().Add(2 * time.Second)
+	for bh().InUse() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if bh().InUse() != 0 {
+		t.Errorf("permit still held after the response ended")
+	}
+}
+
+func TestBulkheadRejects(t *testing.T) {
+	block := make(chan struct{})
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { <-block })
+	defer close(block)
+	m := testMetrics(t)
+	bhs := NewBulkheads()
+	bhs.MaxWait = 50 * time.Millisecond
+	bhs.OnReject = m.bulkheadRejected
+	p := startProxy(t, Config{Metrics: m, Bulkheads: bhs, Policy: mustPolicy(t, `
+defaults:
+  max_attempts: 1
+  bulkhead: 1
+`)})
+	go p.client().Get(up.url("/hold")) // takes the only permit
+	deadline := time.Now().Add(2 * time.Second)
+	for up.requests.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	resp, err := p.client().Get(up.url("/second"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 503 || resp.Header.Get(HeaderOutcome) != "not-sent" {
+		t.Fatalf("over the bulkhead: %d %q, want 503 not-sent", resp.StatusCode, resp.Header.Get(HeaderOutcome))
+	}
+	b := bhs.Lookup(up.addr)
+	if b.Rejected() != 1 || b.InUse() != 1 {
+		t.Errorf("bulkhead rejected %d, in use %d; want 1 and 1", b.Rejected(), b.InUse())
+	}
+	if v := counterValue(t, m.rejections.WithLabelValues(up.addr)); v != 1 {
+		t.Errorf("rejections metric %v", v)
+	}
+}
+
+func TestDrainDeniesRetriesAndLetsInFlightFinish(t *testing.T) {
+	var n atomic.Int64
+	started := make(chan struct{}, 1)
+	finish := make(chan struct{})
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-finish
+			io.WriteString(w, "finished")
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, fastRetries)})
+
+	slow := make(chan string, 1)
+	go func() {
+		resp, err := p.client().Get(up.url("/slow"))
+		if err != nil {
+			slow <- err.Error()
+			return
+		}
+		slow <- strconv.Itoa(resp.StatusCode) + " " + readAll(t, resp.Body)
+	}()
+	<-started
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		shut <- p.Shutdown(ctx)
+	}()
+	deadline := time.Now().Add(2 * time.Second)
+	for !p.Draining() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	// New connections are refused once draining.
+	time.Sleep(20 * time.Millisecond)
+	if c, err := net.DialTimeout("tcp", p.addr, time.Second); err == nil {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url("/"))
+		if _, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			t.Error("a new connection was served after Shutdown began")
+		}
+		c.Close()
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a request in flight", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(finish)
+	if got := <-slow; got != "200 finished" {
+		t.Fatalf("in-flight request: %s", got)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+func TestDrainingDeniesRetries(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, fastRetries)})
+	resp, err := p.client().Get(up.url("/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkEgretHeaders(t, resp, "3")
+	p.Drain()
+	resp, err = p.client().Get(up.url("/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 503 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	checkEgretHeaders(t, resp, "1")
+	id := resp.Header.Get(HeaderRequestID)
+	readAll(t, resp.Body)
+	tr, ok := waitTrace(p, id)
+	if !ok || len(tr.Attempts) != 1 || tr.Attempts[0].Decision.Reason.String() != "runtime_draining" {
+		t.Fatalf("trace %+v", tr)
+	}
+}
+
+func waitTrace(p *testProxy, id string) (tr retryTrace, ok bool) {
+	for range 200 {
+		if tr, ok = p.Traces().Get(id); ok {
+			return tr, ok
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return tr, false
+}
+
