@@ -479,4 +479,3 @@ func waitTrace(p *testProxy, id string) (tr retryTrace, ok bool) {
 	}
 	return tr, false
 }
-
