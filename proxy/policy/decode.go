@@ -251,17 +251,19 @@ func keyList(fields map[string]func(*yaml.Node, string)) string {
 	return strings.Join(keys, ", ")
 }
 
-func (d *decoder) sequence(n *yaml.Node, path string, each func(i int, e *yaml.Node, ep string)) {
+// sequence calls each for the elements of a list; false if n is no list.
+func (d *decoder) sequence(n *yaml.Node, path string, each func(i int, e *yaml.Node, ep string)) bool {
 	if n = d.deref(n, path); n == nil {
-		return
+		return false
 	}
 	if n.Kind != yaml.SequenceNode {
 		d.fail(d.posOf(n, path), ErrInvalid, "want a list, got %s", kindName(n))
-		return
+		return false
 	}
 	for i, e := range n.Content {
 		each(i, e, fmt.Sprintf("%s[%d]", path, i))
 	}
+	return true
 }
 
 // scalar returns the scalar node with one of the tags, or nil after
@@ -446,6 +448,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 		return nil
 	}
 	u := &rawUpstream{at: d.posOf(n, path), index: index, blocks: map[string]pos{}}
+	hostGiven := false
 	block := func(name string, fields map[string]func(*yaml.Node, string)) func(*yaml.Node, string) {
 		return func(v *yaml.Node, p string) {
 			u.blocks[name] = d.posOf(v, p)
@@ -518,7 +521,10 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 	fields["tls"] = block("tls", tlsFields)
 	if index >= 0 {
 		fields["name"] = func(v *yaml.Node, p string) { d.name(v, p, u) }
-		fields["host"] = func(v *yaml.Node, p string) { d.host(v, p, u) }
+		fields["host"] = func(v *yaml.Node, p string) {
+			hostGiven = true
+			d.host(v, p, u)
+		}
 		fields["port"] = func(v *yaml.Node, p string) { d.intVal(v, p, 1, 65535, &u.Port) }
 		fields["credential"] = block("credential", map[string]func(*yaml.Node, string){
 			"bearer_token_file": func(v *yaml.Node, p string) { d.filePath(v, p, &u.TokenFile) },
@@ -536,7 +542,9 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 		return nil
 	}
 	if index >= 0 && !u.Host.set {
-		d.fail(u.at, ErrInvalid, "host is required")
+		if !hostGiven {
+			d.fail(u.at, ErrInvalid, "host is required")
+		}
 		return nil
 	}
 	return u
@@ -560,9 +568,9 @@ func (d *decoder) onOff(n *yaml.Node, path string, dst *val[bool]) {
 
 func (d *decoder) statuses(n *yaml.Node, path string, u *rawUpstream) {
 	var out []int
-	ok := true
 	lines := map[int]int{}
-	d.sequence(n, path, func(_ int, e *yaml.Node, ep string) {
+	ok := true
+	list := d.sequence(n, path, func(_ int, e *yaml.Node, ep string) {
 		x, at, good := d.integer(e, ep, 100, 599)
 		switch {
 		case !good:
@@ -581,7 +589,7 @@ func (d *decoder) statuses(n *yaml.Node, path string, u *rawUpstream) {
 			out = append(out, int(x))
 		}
 	})
-	if ok {
+	if ok && list {
 		slices.Sort(out)
 		u.Transient.put(out, d.posOf(n, path))
 	}
@@ -592,30 +600,37 @@ var methodToken = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 func (d *decoder) routes(n *yaml.Node, path string, u *rawUpstream) {
 	var routes []Route // none: nil, like the embedded defaults
-	ok := true
 	seen := map[[2]string]int{}
-	d.sequence(n, path, func(_ int, e *yaml.Node, ep string) {
+	ok := true
+	list := d.sequence(n, path, func(_ int, e *yaml.Node, ep string) {
 		var method, prefix val[string]
 		var idem val[bool]
+		given := map[string]bool{}
 		if !d.mapping(e, ep, map[string]func(*yaml.Node, string){
-			"method":      func(v *yaml.Node, p string) { d.method(v, p, &method) },
-			"path_prefix": func(v *yaml.Node, p string) { d.pathPrefix(v, p, &prefix) },
-			"idempotent":  func(v *yaml.Node, p string) { d.boolean(v, p, &idem) },
+			"method": func(v *yaml.Node, p string) {
+				given["method"] = true
+				d.method(v, p, &method)
+			},
+			"path_prefix": func(v *yaml.Node, p string) {
+				given["path_prefix"] = true
+				d.pathPrefix(v, p, &prefix)
+			},
+			"idempotent": func(v *yaml.Node, p string) {
+				given["idempotent"] = true
+				d.boolean(v, p, &idem)
+			},
 		}) {
 			ok = false
 			return
 		}
 		at := d.posOf(d.deref(e, ep), ep)
-		for _, miss := range []struct {
-			set  bool
-			name string
-		}{{method.set, "method"}, {prefix.set, "path_prefix"}, {idem.set, "idempotent"}} {
-			if !miss.set {
-				d.fail(at, ErrInvalid, "%s is required", miss.name)
-				ok = false
+		for _, name := range []string{"method", "path_prefix", "idempotent"} {
+			if !given[name] {
+				d.fail(at, ErrInvalid, "%s is required", name)
 			}
 		}
 		if !method.set || !prefix.set || !idem.set {
+			ok = false
 			return
 		}
 		key := [2]string{method.v, prefix.v}
@@ -627,7 +642,7 @@ func (d *decoder) routes(n *yaml.Node, path string, u *rawUpstream) {
 		seen[key] = at.line
 		routes = append(routes, Route{Method: method.v, PathPrefix: prefix.v, Idempotent: idem.v})
 	})
-	if !ok {
+	if !ok || !list {
 		return
 	}
 	// Precedence: longest prefix first; at equal prefix a method before "*".
@@ -761,7 +776,7 @@ func (d *decoder) serverName(n *yaml.Node, path string, u *rawUpstream) {
 func (d *decoder) argv(n *yaml.Node, path string, u *rawUpstream) {
 	var argv []string
 	ok := true
-	d.sequence(n, path, func(i int, e *yaml.Node, ep string) {
+	list := d.sequence(n, path, func(i int, e *yaml.Node, ep string) {
 		var v val[string]
 		s, good := d.str(e, ep, &v)
 		if !good {
@@ -774,7 +789,7 @@ func (d *decoder) argv(n *yaml.Node, path string, u *rawUpstream) {
 		}
 		argv = append(argv, s)
 	})
-	if !ok {
+	if !ok || !list {
 		return
 	}
 	at := d.posOf(n, path)

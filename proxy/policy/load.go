@@ -80,6 +80,7 @@ func decode(name string, data []byte, override bool) (*rawDoc, error) {
 	d := &decoder{file: name, dir: dir, override: override}
 	doc := d.decodeDoc(data)
 	if len(d.errs) > 0 {
+		sortErrors(d.errs)
 		if len(d.errs) > maxErrors {
 			d.errs = d.errs[:maxErrors]
 		}

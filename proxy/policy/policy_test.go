@@ -262,7 +262,7 @@ upstreams:
 		key, want          bool
 		inject             bool
 	}{
-		{"keys.test", "POST", "/never", true, false, false},  // route beats key
+		{"keys.test", "POST", "/never", true, false, false},   // route beats key
 		{"keys.test", "DELETE", "/never", false, true, false}, // route is POST only: method default
 		{"keys.test", "PATCH", "/safe", false, true, false},   // route beats method
 		{"keys.test", "POST", "/other", true, true, false},    // key honoured

@@ -344,15 +344,7 @@ func build(source string, docs []*rawDoc) (*Policy, error) {
 		index[host][u.Port] = &u
 	}
 	if len(r.errs) > 0 {
-		slices.SortStableFunc(r.errs, func(a, b *Error) int {
-			if a.File != b.File {
-				return 0
-			}
-			if a.Line != b.Line {
-				return a.Line - b.Line
-			}
-			return a.Column - b.Column
-		})
+		sortErrors(r.errs)
 		if len(r.errs) > maxErrors {
 			r.errs = r.errs[:maxErrors]
 		}
@@ -361,6 +353,20 @@ func build(source string, docs []*rawDoc) (*Policy, error) {
 	p.Warnings = r.warnings
 	p.files = r.files
 	return p, nil
+}
+
+// sortErrors puts the problems of each file in file order (files keep the
+// order of their first problem).
+func sortErrors(es Errors) {
+	slices.SortStableFunc(es, func(a, b *Error) int {
+		if a.File != b.File {
+			return 0
+		}
+		if a.Line != b.Line {
+			return a.Line - b.Line
+		}
+		return a.Column - b.Column
+	})
 }
 
 func nameOrHost(o origins, e *rawUpstream) pos {
