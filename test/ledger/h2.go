@@ -60,6 +60,7 @@ type h2conn struct {
 	goingAway      bool
 	lastStream     uint32
 	resetOnReuse   bool
+	finishing      bool // GOAWAY done: write side closed
 	dead           bool
 	handlers       sync.WaitGroup
 }
@@ -98,7 +99,11 @@ func (s *Server) serveH2(c, raw net.Conn, br *bufio.Reader, proto string) {
 		return hc.fr.WriteWindowUpdate(0, h2ConnWindow-65535)
 	})
 	for {
-		c.SetReadDeadline(time.Now().Add(s.idle()))
+		hc.mu.Lock()
+		if !hc.finishing {
+			c.SetReadDeadline(time.Now().Add(s.idle()))
+		}
+		hc.mu.Unlock()
 		f, err := hc.fr.ReadFrame()
 		if err != nil {
 			return
@@ -409,7 +414,19 @@ func (hc *h2conn) maybeFinishGoAway() {
 			return
 		}
 	}
+	if hc.finishing {
+		hc.mu.Unlock()
+		return
+	}
+	hc.finishing = true
 	hc.mu.Unlock()
+	// Half-close and let the client close: closing with unread bytes in
+	// the receive buffer would send a RST that can destroy the answers the
+	// client has not read yet.
 	hc.write(func() error { return nil })
+	if cw, ok := hc.c.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		hc.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		return
+	}
 	hc.c.Close()
 }

@@ -1,0 +1,509 @@
+package truth
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/test/ledger"
+)
+
+// The policy of the truth suite: short attempts and backoffs so that 10,000
+// requests with faults run in well under two minutes; a budget floor high
+// enough that retries are decided by the rules, not the budget; keys
+// honoured; bodies over 16 KiB spooled and over 256 KiB streamed once.
+const truthDefaults = `
+max_attempts: 3
+timeout: 4s
+attempt_timeout: 150ms
+min_attempt: 20ms
+backoff:
+  kind: full
+  base: 1ms
+  max: 10ms
+budget:
+  ratio: 1
+  min_per_second: 100000
+  ttl: 1s
+honours_idempotency_key: true
+body:
+  memory_limit: 16KiB
+  spool_limit: 256KiB
+protocol: http1
+`
+
+const (
+	maxAttempts = 3
+	holdMS      = 400 // > attempt_timeout
+	memLimit    = 16 << 10
+	spoolLimit  = 256 << 10
+)
+
+// target is where a request goes.
+type target string
+
+const (
+	targetH1      target = "h1"
+	targetH2C     target = "h2c"
+	targetTLS     target = "tls-h2"
+	targetRefused target = "refused"
+)
+
+// spec is one planned request.
+type spec struct {
+	n       int
+	id      string
+	target  target
+	method  string
+	key     string
+	size    int
+	chunked bool
+	fault   ledger.Fault
+}
+
+// row is the fault-table row of a spec.
+func (s spec) row() string {
+	if s.target == targetRefused {
+		return "connect-refused"
+	}
+	return string(s.fault.Kind)
+}
+
+func (s spec) idempotent() bool {
+	switch s.method {
+	case "GET", "PUT", "DELETE":
+		return true
+	}
+	return s.key != ""
+}
+
+func (s spec) body() []byte {
+	if s.size == 0 {
+		return nil
+	}
+	b := make([]byte, s.size)
+	seed := []byte(s.id + "/")
+	for i := range b {
+		b[i] = seed[i%len(seed)] ^ byte(i>>10)
+	}
+	return b
+}
+
+type weighted[T any] struct {
+	w int
+	v T
+}
+
+func pick[T any](r *rand.Rand, xs []weighted[T]) T {
+	total := 0
+	for _, x := range xs {
+		total += x.w
+	}
+	k := r.IntN(total)
+	for _, x := range xs {
+		if k < x.w {
+			return x.v
+		}
+		k -= x.w
+	}
+	panic("unreachable")
+}
+
+var commonFaults = []weighted[ledger.Kind]{
+	{20, ledger.KindNone},
+	{6, ledger.KindResetBeforeRead},
+	{6, ledger.KindResetMidRequest},
+	{8, ledger.KindResetAfterRead},
+	{4, ledger.KindHold},
+	{4, ledger.KindCloseIdle},
+	{4, ledger.KindResetOnReuse},
+	{3, ledger.KindStatus408},
+	{3, ledger.KindStatus425},
+	{4, ledger.KindStatus429},
+	{4, ledger.KindStatus500},
+	{5, ledger.KindStatus502},
+	{6, ledger.KindStatus503},
+	{4, ledger.KindStatus504},
+	{5, ledger.KindResetMidBody},
+}
+
+var h2Faults = append(append([]weighted[ledger.Kind](nil), commonFaults...),
+	weighted[ledger.Kind]{7, ledger.KindRefusedStream},
+	weighted[ledger.Kind]{7, ledger.KindGoAway})
+
+// plan makes n requests from seed.
+func plan(seed uint64, n int) []spec {
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	out := make([]spec, n)
+	for i := range out {
+		s := spec{n: i, id: fmt.Sprintf("t%05d", i)}
+		s.target = pick(r, []weighted[target]{{55, targetH1}, {20, targetH2C}, {20, targetTLS}, {5, targetRefused}})
+		s.method = pick(r, []weighted[string]{{25, "GET"}, {15, "PUT"}, {10, "DELETE"}, {35, "POST"}, {15, "PATCH"}})
+		if (s.method == "POST" || s.method == "PATCH") && r.IntN(2) == 0 || s.method == "PUT" && r.IntN(10) == 0 {
+			s.key = fmt.Sprintf("key-%05d-%d", i, r.Uint32())
+		}
+		if s.method != "GET" && s.method != "DELETE" {
+			s.size = pick(r, []weighted[int]{{10, 0}, {30, 100}, {25, 4 << 10}, {20, memLimit + 3000}, {10, 100 << 10}, {5, spoolLimit + 50<<10}})
+			s.chunked = s.size > 0 && r.IntN(8) == 0
+		}
+		f := ledger.Fault{Kind: ledger.KindNone, RetryAfter: -1}
+		if s.target != targetRefused {
+			if s.target == targetH1 {
+				f.Kind = pick(r, commonFaults)
+			} else {
+				f.Kind = pick(r, h2Faults)
+			}
+			if f.Kind != ledger.KindNone {
+				f.Times = pick(r, []weighted[int]{{30, 0}, {50, 1}, {20, 2}})
+			}
+			switch f.Kind {
+			case ledger.KindHold:
+				f.Hold = holdMS * time.Millisecond
+			case ledger.KindStatus429:
+				f.RetryAfter = pick(r, []weighted[int]{{95, 0}, {5, 1}})
+			}
+		}
+		s.fault = f
+		out[i] = s
+	}
+	return out
+}
+
+func (u *upstreams) url(s spec) string {
+	var host string
+	switch s.target {
+	case targetH1:
+		host = u.h1.String()
+	case targetH2C:
+		host = u.h2c.String()
+	case targetTLS:
+		host = u.tls.String()
+	case targetRefused:
+		host = u.refused.Addr.String()
+	}
+	return "http://" + host + "/ledger/" + s.id
+}
+
+func (u *upstreams) request(s spec) *http.Request {
+	body := s.body()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+		if s.chunked {
+			rd = io.MultiReader(rd) // hides the length: chunked
+		}
+	}
+	req, err := http.NewRequest(s.method, u.url(s), rd)
+	if err != nil {
+		panic(err)
+	}
+	req.Header.Set(ledger.HeaderID, s.id)
+	req.Header.Set(ledger.HeaderFault, s.fault.String())
+	req.Header.Set(ledger.HeaderResponseSize, "2048")
+	if s.key != "" {
+		req.Header.Set(ledger.HeaderIdemKey, s.key)
+	}
+	return req
+}
+
+// snrKinds are the faults that end an attempt sent_no_response (or relay
+// an ambiguous status): the only ones that may make an answer ambiguous.
+var snrKinds = map[ledger.Kind]bool{
+	ledger.KindResetBeforeRead: true, ledger.KindResetMidRequest: true,
+	ledger.KindResetAfterRead: true, ledger.KindHold: true,
+	ledger.KindStatus502: true, ledger.KindStatus503: true, ledger.KindStatus504: true,
+}
+
+// answerClass is the table column of an answer.
+func answerClass(a answer) string {
+	switch {
+	case a.err != nil:
+		return "no-answer"
+	case a.outcome != "":
+		return a.outcome
+	case a.status == 200 && a.bodyErr != nil:
+		return "200-cut"
+	case a.status == 200:
+		return "200"
+	case a.status < 500:
+		return "4xx"
+	}
+	return "5xx"
+}
+
+var columns = []string{"200", "200-cut", "4xx", "5xx", "not-sent", "failed", "ambiguous", "no-answer"}
+
+func TestTruth(t *testing.T) {
+	n := 10000
+	if v := os.Getenv("EGRET_TRUTH_N"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("EGRET_TRUTH_SEED"); v != "" {
+		seed, _ = strconv.ParseUint(v, 10, 64)
+	}
+	t.Logf("seed %d (EGRET_TRUTH_SEED=%d reproduces the plan), %d requests", seed, seed, n)
+
+	u := startUpstreams(t)
+	egret := startEgret(t, u.policyFor(truthDefaults))
+	const workers = 32
+	c := client(egret, workers)
+	specs := plan(seed, n)
+	answers := make([]answer, n)
+
+	start := time.Now()
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				answers[i] = do(c, u.request(specs[i]))
+			}
+		}()
+	}
+	for i := range specs {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	elapsed := time.Since(start)
+	c.CloseIdleConnections()
+
+	records := u.ledger.Records()
+	stats := u.ledger.Stats()
+	v := check(specs, answers, records, stats)
+	table := faultTable(specs, answers, records)
+	t.Logf("%d requests in %v (%.0f/s); ledger: %d arrivals, %d executions, %d key replays, %d idle closes, %d reuse resets, %d connections\n%s",
+		n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), stats.Arrivals, stats.Executions,
+		stats.Replays, stats.IdleCloses, stats.ReuseResets, stats.Connections, table)
+	if p := os.Getenv("EGRET_TRUTH_TABLE"); p != "" {
+		if err := os.WriteFile(p, []byte(table), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, line := range v.report() {
+		t.Error(line)
+	}
+	v.coverage(t, specs, answers)
+}
+
+// violations collects what the suite found wrong, by rule, with examples.
+type violations struct {
+	byRule   map[string]int
+	examples map[string][]string
+}
+
+func (v *violations) add(rule string, s spec, a answer, rec ledger.Record, why string) {
+	if v.byRule == nil {
+		v.byRule = make(map[string]int)
+		v.examples = make(map[string][]string)
+	}
+	v.byRule[rule]++
+	if len(v.examples[rule]) < 5 {
+		v.examples[rule] = append(v.examples[rule], fmt.Sprintf(
+			"%s %s %s key=%t size=%d fault=%q: status %d outcome %q attempts %d err %v bodyErr %v conns %d; ledger arrivals %d executions %d replays %d victims %d: %s",
+			s.id, s.target, s.method, s.key != "", s.size, s.fault.String(), a.status, a.outcome, a.attempts,
+			a.err, a.bodyErr, a.gotConns, rec.Arrivals, len(rec.Executions), rec.Replays, rec.Victims, why))
+	}
+}
+
+func (v *violations) report() []string {
+	var out []string
+	rules := make([]string, 0, len(v.byRule))
+	for r := range v.byRule {
+		rules = append(rules, r)
+	}
+	sort.Strings(rules)
+	for _, r := range rules {
+		out = append(out, fmt.Sprintf("%s: %d requests, e.g.\n  %s", r, v.byRule[r], strings.Join(v.examples[r], "\n  ")))
+	}
+	return out
+}
+
+// check compares every answer with the ledger.
+func check(specs []spec, answers []answer, records map[string]ledger.Record, stats ledger.Stats) *violations {
+	v := &violations{}
+	ids := make(map[string]string, len(answers))
+	// Requests a closed idle connection may have hit: the ledger never sees
+	// them, so an unexplained ambiguous answer is allowed once per such close.
+	unexplained := 0
+	for i, s := range specs {
+		a := answers[i]
+		rec := records[s.id]
+		execs := len(rec.Executions)
+		// Exactly one answer, on one connection, with egret's headers.
+		if a.err != nil {
+			v.add("no answer", s, a, rec, "the client got no response")
+			continue
+		}
+		if a.gotConns != 1 {
+			v.add("client transport retried", s, a, rec, "more than one connection used: egret dropped one")
+		}
+		if a.requestID == "" {
+			v.add("missing Egret-Request-Id", s, a, rec, "")
+		} else if prev, dup := ids[a.requestID]; dup {
+			v.add("Egret-Request-Id reused", s, a, rec, "also given to "+prev)
+		} else {
+			ids[a.requestID] = s.id
+		}
+		if a.attempts < 1 || a.attempts > maxAttempts {
+			v.add("Egret-Attempts missing or out of range", s, a, rec, "")
+		} else if rec.Arrivals > a.attempts {
+			v.add("attempts under-reported", s, a, rec, "the ledger saw more attempts than Egret-Attempts")
+		}
+		// Never run a non-idempotent request twice.
+		if execs > 1 && !s.idempotent() {
+			v.add("duplicate execution of a non-idempotent request", s, a, rec, "")
+		}
+		if execs > 1 && s.key != "" {
+			v.add("duplicate execution under one Idempotency-Key", s, a, rec, "")
+		}
+		// Truthful outcomes.
+		refusals := rec.Faults[ledger.KindRefusedStream] + rec.Faults[ledger.KindGoAway]
+		switch a.outcome {
+		case "":
+		case "not-sent":
+			if execs > 0 {
+				v.add("not-sent but executed", s, a, rec, "")
+			}
+			if rec.Arrivals > refusals {
+				v.add("not-sent but received", s, a, rec, "the server read a request head that no REFUSED_STREAM or GOAWAY refused")
+			}
+			if a.status != 503 {
+				v.add("not-sent without 503", s, a, rec, "")
+			}
+		case "failed":
+			if !s.idempotent() && execs == 0 {
+				// For a non-idempotent request "failed" says the server
+				// answered (a partial response), so it ran.
+				v.add("failed for a non-idempotent request that did not run", s, a, rec, "must be ambiguous or not-sent")
+			}
+			if a.status != 502 && a.status != 504 {
+				v.add("failed without 502/504", s, a, rec, "")
+			}
+		case "ambiguous":
+			if s.idempotent() {
+				v.add("ambiguous for an idempotent request", s, a, rec, "")
+			}
+			if a.status < 502 || a.status > 504 {
+				v.add("ambiguous without 502-504", s, a, rec, "")
+			}
+			if !(snrKinds[s.fault.Kind] && rec.Faults[s.fault.Kind] > 0) && rec.Victims == 0 {
+				unexplained++
+				if unexplained > stats.IdleCloses {
+					v.add("ambiguous without a sent_no_response attempt", s, a, rec, "no fault of this request can leave it unanswered")
+				}
+			}
+		default:
+			v.add("unknown Egret-Outcome", s, a, rec, a.outcome)
+		}
+		// A success is the ledger's answer, to the body that was sent.
+		if a.status == 200 && a.outcome == "" {
+			sum := sha256.Sum256(s.body())
+			if a.bodySHA != hex.EncodeToString(sum[:]) {
+				v.add("body changed on the way", s, a, rec, "Ledger-Body-Sha256 "+a.bodySHA)
+			}
+			if execs == 0 && rec.Replays == 0 {
+				v.add("200 without an execution", s, a, rec, "")
+			}
+			if a.bodyErr != nil && s.fault.Kind != ledger.KindResetMidBody {
+				v.add("answer body broken without a mid-body fault", s, a, rec, "")
+			}
+		}
+		for _, e := range rec.Executions {
+			if e.Method != s.method || e.BodySize != int64(s.size) {
+				v.add("executed request differs", s, a, rec, fmt.Sprintf("%s with %d bytes", e.Method, e.BodySize))
+			}
+		}
+	}
+	return v
+}
+
+// coverage fails the suite if the traffic did not exercise what it claims:
+// retries that succeed, ambiguous and not-sent answers, spooled bodies.
+func (v *violations) coverage(t *testing.T, specs []spec, answers []answer) {
+	var retriedOK, ambiguous, notSent, spooledRetried, h2Refused int
+	for i, s := range specs {
+		a := answers[i]
+		if a.status == 200 && a.outcome == "" && a.attempts >= 2 {
+			retriedOK++
+			if s.size > memLimit && s.size <= spoolLimit {
+				spooledRetried++
+			}
+			if s.fault.Kind == ledger.KindRefusedStream || s.fault.Kind == ledger.KindGoAway {
+				h2Refused++
+			}
+		}
+		switch a.outcome {
+		case "ambiguous":
+			ambiguous++
+		case "not-sent":
+			notSent++
+		}
+	}
+	t.Logf("coverage: %d successes after a retry (%d with a spooled body, %d after REFUSED_STREAM/GOAWAY), %d ambiguous, %d not-sent",
+		retriedOK, spooledRetried, h2Refused, ambiguous, notSent)
+	if len(specs) < 1000 {
+		return
+	}
+	if retriedOK == 0 || spooledRetried == 0 || h2Refused == 0 || ambiguous == 0 || notSent == 0 {
+		t.Errorf("the traffic did not exercise retries and outcomes (see coverage above)")
+	}
+}
+
+// faultTable renders faults × answers.
+func faultTable(specs []spec, answers []answer, records map[string]ledger.Record) string {
+	type rowData struct {
+		n, execs, attempts int
+		cols               map[string]int
+	}
+	rows := map[string]*rowData{}
+	for i, s := range specs {
+		r := rows[s.row()]
+		if r == nil {
+			r = &rowData{cols: map[string]int{}}
+			rows[s.row()] = r
+		}
+		r.n++
+		r.cols[answerClass(answers[i])]++
+		r.execs += len(records[s.id].Executions)
+		if answers[i].attempts > 0 {
+			r.attempts += answers[i].attempts
+		}
+	}
+	order := []string{"connect-refused"}
+	for _, k := range ledger.Kinds() {
+		order = append(order, string(k))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-18s %6s", "fault \\ answer", "n")
+	for _, c := range columns {
+		fmt.Fprintf(&b, " %9s", c)
+	}
+	fmt.Fprintf(&b, " %9s %8s\n", "executed", "attempts")
+	for _, name := range order {
+		r := rows[name]
+		if r == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "%-18s %6d", name, r.n)
+		for _, c := range columns {
+			fmt.Fprintf(&b, " %9d", r.cols[c])
+		}
+		fmt.Fprintf(&b, " %9d %8.2f\n", r.execs, float64(r.attempts)/float64(r.n))
+	}
+	return b.String()
+}
