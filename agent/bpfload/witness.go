@@ -35,7 +35,8 @@ const Source = "ebpf"
 // the socket's fd and also reads TCP_INFO: the larger of the two counts is
 // reported, so a transmission the hook could not see (the callback is
 // skipped when a segment's TCP option space is already full, e.g. three
-// SACK blocks plus timestamps) still counts.
+// SACK blocks plus timestamps) still counts. NotSentBytes (queued, not yet
+// transmitted) comes from TCP_INFO, read live.
 //
 // On a kernel without these features Load fails and there is no Witness;
 // the proxy keeps witness.TCPInfo.
@@ -109,6 +110,9 @@ func (w *Witness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
 		ctr.BytesAcked = max(ctr.BytesAcked, info.Bytes_acked)
 		ctr.Retransmits = max(ctr.Retransmits, info.Total_retrans)
 		ctr.State = info.State
+		// Bytes the socket holds but has not sent yet: they may still
+		// leave after this snapshot (witness.NoByteLeft refuses a proof).
+		ctr.NotSentBytes, ctr.HasNotSentBytes = uint64(info.Notsent_bytes), true
 	}
 	return ctr, nil
 }

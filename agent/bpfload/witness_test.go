@@ -70,7 +70,7 @@ func TestWitnessCountsBytesSent(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// bytes_acked also counts the SYN, as tcpi_bytes_acked does.
-	if after.BytesSent != n || after.DataSegsOut < 1 || after.BytesAcked < n {
+	if after.BytesSent != n || after.DataSegsOut < 1 || after.BytesAcked < n || after.NotSentBytes != 0 {
 		t.Fatalf("after %d bytes: %+v", n, after)
 	}
 	if witness.NoByteLeft(before, after) {

@@ -1,0 +1,182 @@
+package bpfload_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
+	"github.com/egret-proxy/egret/bpf"
+	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+func TestFeatureErrorMatches(t *testing.T) {
+	err := fmt.Errorf("agent: %w", &bpfload.FeatureError{Feature: "BPF_MAP_TYPE_RINGBUF", Need: "events"})
+	if !errors.Is(err, bpfload.ErrFeature) || errors.Is(err, bpfload.ErrNotRoot) {
+		t.Fatalf("errors.Is wrong for %v", err)
+	}
+	var fe *bpfload.FeatureError
+	if !errors.As(err, &fe) || fe.Feature != "BPF_MAP_TYPE_RINGBUF" {
+		t.Fatalf("errors.As: %v", err)
+	}
+}
+
+// A pod cgroup with container cgroups below it: the config is found on the
+// nearest ancestor.
+func TestRedirectFromContainerCgroup(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4})
+	ctr := e.cg.Sub(t, "pod-a/ctr-1")
+	egret := listen(t, e.self, p.ns, listen4.String())
+
+	dial(t, ctr, p.ns, bpftest.Op{Addr: "192.0.2.99:80"})
+	s := expectAt(t, egret)
+	if got := origDst(t, s).String(); got != "192.0.2.99:80" {
+		t.Fatalf("original = %s", got)
+	}
+}
+
+func tupleCount(t *testing.T, e *env) int {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.pin, "egret_tuples"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var k bpf.EgretTupleKey
+	var v bpf.EgretOrigDst
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The tuple entry lives while the connection does and goes when the client
+// socket closes.
+func TestTupleRemovedOnClose(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4})
+	egret := listen(t, e.self, p.ns, listen4.String())
+
+	c, _ := dial(t, p.cg, p.ns, bpftest.Op{Addr: "192.0.2.10:80"})
+	s := expectAt(t, egret)
+	if n := tupleCount(t, e); n != 1 {
+		t.Fatalf("tuples while connected = %d, want 1", n)
+	}
+	c.Close()
+	s.Close()
+	for deadline := time.Now().Add(3 * time.Second); tupleCount(t, e) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("tuples after close = %d, want 0", tupleCount(t, e))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestWitnessResetAfterBytes(t *testing.T) {
+	e := setup(t)
+	srv := e.upstream(t)
+	w := e.l.Witness()
+	c, s := upstreamPair(t, e, srv, e.l.Mark())
+	before := snapshot(t, w, c)
+	if _, err := c.Write(make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.ReadFull(s, make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.SetLinger(0)
+	s.Close()
+	var after witness.Counters
+	for deadline := time.Now().Add(3 * time.Second); !after.ResetReceived && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		after = snapshot(t, w, c)
+	}
+	if !after.ResetReceived || after.BytesSent != 1000 || witness.NoByteLeft(before, after) {
+		t.Fatalf("reset after 1000 bytes: %+v", after)
+	}
+}
+
+// The upstream stops receiving (an nftables rule in its namespace drops
+// its input): the write leaves but is never acknowledged, the
+// retransmission timer fires, and the witness counts RTOs and
+// retransmissions, with ring buffer events.
+func TestWitnessRTOAndRetransmit(t *testing.T) {
+	e := setup(t)
+	srv := e.upstream(t)
+	w := e.l.Witness()
+	events, err := e.l.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { events.Close() })
+	c, _ := upstreamPair(t, e, srv, e.l.Mark())
+	cookie, _ := bpfload.SocketCookie(rawConn(t, c))
+
+	nft(t, e.upNS, "table inet egret_test {\n chain in {\n  type filter hook input priority 0;\n  tcp dport 9100 drop\n }\n}\n")
+	if _, err := c.Write([]byte("lost request")); err != nil {
+		t.Fatal(err)
+	}
+	var ctr witness.Counters
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		ctr = snapshot(t, w, c)
+		if ctr.RTOs >= 1 && ctr.Retransmits >= 1 {
+			break
+		}
+	}
+	if ctr.RTOs < 1 || ctr.Retransmits < 1 {
+		t.Fatalf("no RTO/retransmit recorded: %+v", ctr)
+	}
+	seen := map[bpfload.EventType]bool{}
+	events.SetDeadline(time.Now().Add(3 * time.Second))
+	for !seen[bpfload.EventRTO] || !seen[bpfload.EventRetransmit] {
+		ev, err := events.Read()
+		if err != nil {
+			t.Fatalf("events seen %v: %v", seen, err)
+		}
+		if ev.Cookie == cookie {
+			seen[ev.Type] = true
+		}
+	}
+	t.Logf("after RTO: %+v", ctr)
+}
+
+// nft loads a ruleset into the network namespace ns (the table goes with
+// the namespace).
+func nft(t *testing.T, ns netns.NsHandle, ruleset string) {
+	t.Helper()
+	path, err := exec.LookPath("nft")
+	testenv.Require(t, err == nil, "nft (Debian package nftables)")
+	fd, err := unix.FcntlInt(uintptr(ns), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsf := os.NewFile(uintptr(fd), "netns")
+	defer nsf.Close()
+	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", path, "-f", "-")
+	cmd.ExtraFiles = []*os.File{nsf}
+	cmd.Stdin = strings.NewReader(ruleset)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+}
