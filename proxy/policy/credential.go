@@ -70,6 +70,7 @@ func (r *Refresher) run(ctx context.Context) error {
 	defer cancel()
 	argv := r.cred.RefreshCommand
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = r.cred.Dir
 	var out limitedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	killGroup(cmd)

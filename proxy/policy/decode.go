@@ -79,6 +79,7 @@ type rawUpstream struct {
 	TokenFile      val[string]
 	RefreshCommand val[[]string]
 	RefreshTimeout val[time.Duration]
+	CommandDir     val[string]
 
 	// blocks written, for the override restrictions
 	blocks map[string]pos
@@ -798,4 +799,5 @@ func (d *decoder) argv(n *yaml.Node, path string, u *rawUpstream) {
 		return
 	}
 	u.RefreshCommand.put(argv, at)
+	u.CommandDir.put(d.dir, at)
 }

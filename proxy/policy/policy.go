@@ -88,6 +88,9 @@ type Credential struct {
 	// before it is read again; RefreshTimeout bounds it.
 	RefreshCommand []string
 	RefreshTimeout time.Duration
+	// Dir is the folder the command runs in: the policy file's, so that
+	// relative paths in it mean what they mean in the file.
+	Dir string
 }
 
 // Upstream is the resolved policy of one upstream entry (or of the

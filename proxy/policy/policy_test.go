@@ -97,7 +97,8 @@ func TestExampleEveryField(t *testing.T) {
 		TLS: TLS{Enabled: true, ServerName: "payments.internal", CAFile: keys.caFile,
 			CertFile: keys.clientCert, KeyFile: keys.clientKey},
 		Credential: Credential{BearerTokenFile: filepath.Join(keys.dir, "token"),
-			RefreshCommand: []string{"/usr/local/bin/renew-token", "--out", "token"}, RefreshTimeout: 5 * time.Second},
+			RefreshCommand: []string{"/usr/local/bin/renew-token", "--out", "token"}, RefreshTimeout: 5 * time.Second,
+			Dir: keys.dir},
 	}
 	got := *u
 	got.named, got.tlsConfig, got.refresher, got.refresh = false, nil, nil, nil

@@ -59,6 +59,7 @@ func apply(u *Upstream, r *rawUpstream, o origins, rank int) {
 	take(&u.Credential.BearerTokenFile, r.TokenFile, "credential.bearer_token_file", o, rank)
 	take(&u.Credential.RefreshCommand, r.RefreshCommand, "credential.refresh_command", o, rank)
 	take(&u.Credential.RefreshTimeout, r.RefreshTimeout, "credential.refresh_timeout", o, rank)
+	take(&u.Credential.Dir, r.CommandDir, "credential.dir", o, rank)
 	take(&u.Name, r.Name, "name", o, rank)
 }
 
