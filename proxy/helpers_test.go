@@ -121,7 +121,8 @@ func rawRequest(t *testing.T, addr, raw string) *http.Response {
 	if _, err := io.WriteString(c, raw); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	method, _, _ := strings.Cut(raw, " ")
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
 	if err != nil {
 		t.Fatalf("reading the answer to %q: %v", firstLine(raw), err)
 	}

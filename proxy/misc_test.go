@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"testing"
+)
+
+func TestCheckListen(t *testing.T) {
+	for _, c := range []struct {
+		addr  string
+		allow bool
+		ok    bool
+	}{
+		{"127.0.0.1:15001", false, true},
+		{"[::1]:15001", false, true},
+		{"localhost:1", false, true},
+		{"127.0.0.2:1", false, true},
+		{":15001", false, false},
+		{"0.0.0.0:15001", false, false},
+		{"[::]:15001", false, false},
+		{"10.1.2.3:15001", false, false},
+		{"0.0.0.0:15001", true, true},
+	} {
+		err := CheckListen(c.addr, c.allow)
+		if (err == nil) != c.ok {
+			t.Errorf("CheckListen(%q, %v) = %v", c.addr, c.allow, err)
+		}
+		if err != nil && c.ok == false && !errors.Is(err, ErrRemoteListen) {
+			t.Errorf("CheckListen(%q): %v is not ErrRemoteListen", c.addr, err)
+		}
+	}
+	if err := CheckListen("nonsense", false); err == nil {
+		t.Error("an address without a port accepted")
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want Protocol
+		done bool
+	}{
+		{"GET / HTTP/1.1\r\n", ProtoHTTP1, true},
+		{"DELETE ", ProtoHTTP1, true},
+		{"GE", "", false},
+		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", ProtoHTTP2, true},
+		{"PRI * HT", "", false},
+		{"\x16\x03\x01\x02\x00", ProtoTLS, true},
+		{"\x00\x00\x00\x08\x04\xd2\x16\x2f", ProtoPostgres, true},
+		{"*1\r\n$4\r\nPING\r\n", ProtoRedis, true},
+		{"\x03\x00\x00\x13", ProtoUnknown, true},
+		{"get / HTTP/1.1", ProtoUnknown, true},
+		{"ABCDEFGHIJKLMNOPQRSTU ", ProtoUnknown, true},
+	} {
+		p, done := classify([]byte(c.in))
+		if p != c.want || done != c.done {
+			t.Errorf("classify(%q) = %q, %v; want %q, %v", c.in, p, done, c.want, c.done)
+		}
+	}
+}
+
+func TestTracesRing(t *testing.T) {
+	ts := NewTraces(3)
+	for _, id := range []string{"a", "b", "c", "d"} {
+		ts.Put(&retryTrace{RequestID: id, Method: "GET"})
+	}
+	if _, ok := ts.Get("a"); ok {
+		t.Error("the oldest trace survived a full ring")
+	}
+	for _, id := range []string{"b", "c", "d"} {
+		if tr, ok := ts.Get(id); !ok || tr.RequestID != id {
+			t.Errorf("trace %s: %v %v", id, tr, ok)
+		}
+	}
+	if ts.Len() != 3 {
+		t.Errorf("Len %d", ts.Len())
+	}
+}
+
+func TestRequestIDOnEveryAnswer(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(HeaderRequestID) == "" {
+			w.WriteHeader(http.StatusTeapot) // the upstream sees the id too
+		}
+	})
+	p := startProxy(t, Config{})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := ln.Addr().String()
+	ln.Close()
+	for _, raw := range []string{
+		"GET " + up.url("/") + " HTTP/1.1\r\nHost: x\r\n\r\n",              // relayed
+		"GET http://" + closed + "/ HTTP/1.1\r\nHost: x\r\n\r\n",            // not-sent
+		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                                 // refused
+		"CONNECT " + closed + " HTTP/1.1\r\nHost: " + closed + "\r\n\r\n",   // tunnel refused
+		"CONNECT " + up.addr + " HTTP/1.1\r\nHost: " + up.addr + "\r\n\r\n", // tunnel
+	} {
+		resp := rawRequest(t, p.addr, raw)
+		if resp.StatusCode == http.StatusTeapot {
+			t.Errorf("%s: the upstream got no %s", firstLine(raw), HeaderRequestID)
+		}
+		if id := resp.Header.Get(HeaderRequestID); len(id) != 16 {
+			t.Errorf("%s: %d, %s %q", firstLine(raw), resp.StatusCode, HeaderRequestID, id)
+		}
+		if resp.Header.Get(HeaderAttempts) == "" {
+			t.Errorf("%s: no %s", firstLine(raw), HeaderAttempts)
+		}
+	}
+}
