@@ -1,7 +1,10 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -32,18 +35,30 @@ func Load(path string) (*Policy, error) {
 }
 
 func readPolicyFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, &Error{File: path, Msg: err.Error(), Err: ErrFile}
+		return nil, fileError(path, err)
 	}
-	if fi.Size() > maxFileSize {
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, fileError(path, err)
+	}
+	if len(data) > maxFileSize {
 		return nil, &Error{File: path, Msg: fmt.Sprintf("larger than %d bytes", maxFileSize), Err: ErrFile}
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, &Error{File: path, Msg: err.Error(), Err: ErrFile}
-	}
 	return data, nil
+}
+
+// fileError is an *Error for a policy file that cannot be read; it wraps
+// ErrFile and the cause (errors.Is(err, fs.ErrNotExist) works).
+func fileError(path string, err error) *Error {
+	msg := err.Error()
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		msg = pe.Op + ": " + pe.Err.Error()
+	}
+	return &Error{File: path, Msg: msg, Err: fmt.Errorf("%w: %w", ErrFile, err)}
 }
 
 // Overlay returns base with a per-pod override laid over it. The override

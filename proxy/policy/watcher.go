@@ -77,8 +77,9 @@ func (w *Watcher) Reload() error {
 	defer w.mu.Unlock()
 	fi, err := os.Stat(w.path)
 	if err != nil {
-		w.refused(&Error{File: w.path, Msg: err.Error(), Err: ErrFile})
-		return &Error{File: w.path, Msg: err.Error(), Err: ErrFile}
+		e := fileError(w.path, err)
+		w.refused(e)
+		return e
 	}
 	w.missing = false
 	data, err := readPolicyFile(w.path)
