@@ -30,7 +30,7 @@ type env struct {
 	upNS netns.NsHandle // upstream namespace, see env.upstream
 }
 
-func setup(t *testing.T) *env {
+func setup(t testing.TB) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
 	e := &env{pin: filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())}
@@ -74,7 +74,7 @@ type pod struct {
 }
 
 // pod makes a cgroup + netns pair (lo up, extra lo addresses) attached with cfg.
-func (e *env) pod(t *testing.T, name string, cfg bpfload.PodConfig, loAddrs ...string) pod {
+func (e *env) pod(t testing.TB, name string, cfg bpfload.PodConfig, loAddrs ...string) pod {
 	t.Helper()
 	p := pod{cg: e.cg.Sub(t, name), ns: bpftest.NewNetns(t, loAddrs...)}
 	id, err := e.l.AttachPod(p.cg, cfg)
@@ -93,7 +93,7 @@ func family(addr string) int {
 }
 
 // listen makes a TCP listener on addr inside ns, created in cgroup cg.
-func listen(t *testing.T, cg string, ns netns.NsHandle, addr string) *net.TCPListener {
+func listen(t testing.TB, cg string, ns netns.NsHandle, addr string) *net.TCPListener {
 	t.Helper()
 	f, res := bpftest.Socket(t, cg, ns, bpftest.Op{Kind: "listen", Family: family(addr), Addr: addr})
 	if res.Err != "" {
@@ -103,7 +103,7 @@ func listen(t *testing.T, cg string, ns netns.NsHandle, addr string) *net.TCPLis
 }
 
 // dial connects from a socket made in cgroup cg inside ns.
-func dial(t *testing.T, cg string, ns netns.NsHandle, op bpftest.Op) (net.Conn, bpftest.Result) {
+func dial(t testing.TB, cg string, ns netns.NsHandle, op bpftest.Op) (net.Conn, bpftest.Result) {
 	t.Helper()
 	op.Kind = "dial"
 	if op.Family == 0 {
@@ -117,7 +117,7 @@ func dial(t *testing.T, cg string, ns netns.NsHandle, op bpftest.Op) (net.Conn, 
 }
 
 // accept waits up to d for a connection on l; nil if none came.
-func accept(t *testing.T, l *net.TCPListener, d time.Duration) *net.TCPConn {
+func accept(t testing.TB, l *net.TCPListener, d time.Duration) *net.TCPConn {
 	t.Helper()
 	_ = l.SetDeadline(time.Now().Add(d))
 	c, err := l.AcceptTCP()
@@ -131,7 +131,7 @@ func accept(t *testing.T, l *net.TCPListener, d time.Duration) *net.TCPConn {
 	return c
 }
 
-func rawConn(t *testing.T, c syscall.Conn) syscall.RawConn {
+func rawConn(t testing.TB, c syscall.Conn) syscall.RawConn {
 	t.Helper()
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -140,7 +140,7 @@ func rawConn(t *testing.T, c syscall.Conn) syscall.RawConn {
 	return rc
 }
 
-func origDst(t *testing.T, c *net.TCPConn) netip.AddrPort {
+func origDst(t testing.TB, c *net.TCPConn) netip.AddrPort {
 	t.Helper()
 	ap, err := bpfload.OriginalDst(rawConn(t, c))
 	if err != nil {
@@ -150,7 +150,7 @@ func origDst(t *testing.T, c *net.TCPConn) netip.AddrPort {
 }
 
 // roundTrip checks bytes flow from client to server.
-func roundTrip(t *testing.T, client net.Conn, server net.Conn) {
+func roundTrip(t testing.TB, client net.Conn, server net.Conn) {
 	t.Helper()
 	msg := []byte("hello through egret")
 	if _, err := client.Write(msg); err != nil {
@@ -168,7 +168,7 @@ func roundTrip(t *testing.T, client net.Conn, server net.Conn) {
 
 // expectAt checks that the next connection arrives at want and not at the
 // others.
-func expectAt(t *testing.T, want *net.TCPListener, others ...*net.TCPListener) *net.TCPConn {
+func expectAt(t testing.TB, want *net.TCPListener, others ...*net.TCPListener) *net.TCPConn {
 	t.Helper()
 	c := accept(t, want, 3*time.Second)
 	if c == nil {

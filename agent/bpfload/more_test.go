@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,7 +49,7 @@ func TestRedirectFromContainerCgroup(t *testing.T) {
 	}
 }
 
-func tupleCount(t *testing.T, e *env) int {
+func tupleCount(t testing.TB, e *env) int {
 	t.Helper()
 	m, err := ebpf.LoadPinnedMap(filepath.Join(e.pin, "egret_tuples"), nil)
 	if err != nil {
@@ -162,7 +163,7 @@ func TestWitnessRTOAndRetransmit(t *testing.T) {
 
 // nft loads a ruleset into the network namespace ns (the table goes with
 // the namespace).
-func nft(t *testing.T, ns netns.NsHandle, ruleset string) {
+func nft(t testing.TB, ns netns.NsHandle, ruleset string) {
 	t.Helper()
 	path, err := exec.LookPath("nft")
 	testenv.Require(t, err == nil, "nft (Debian package nftables)")
@@ -178,5 +179,30 @@ func nft(t *testing.T, ns netns.NsHandle, ruleset string) {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft: %v: %s", err, out)
+	}
+}
+
+func TestMarkControl(t *testing.T) {
+	testenv.RequireRoot(t)
+	d := net.Dialer{Control: bpfload.MarkControl(0x1234)}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var mark int
+	var serr error
+	if err := rawConn(t, c.(*net.TCPConn)).Control(func(fd uintptr) {
+		mark, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK)
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if mark != 0x1234 {
+		t.Fatalf("SO_MARK = %#x", mark)
 	}
 }

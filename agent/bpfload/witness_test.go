@@ -17,7 +17,7 @@ const upstream = "10.77.0.1:9100"
 
 // upstreamPair dials upstream from egret's cgroup, marked like egret's own
 // upstream sockets, and returns both ends.
-func upstreamPair(t *testing.T, e *env, srv *net.TCPListener, mark uint32) (*net.TCPConn, *net.TCPConn) {
+func upstreamPair(t testing.TB, e *env, srv *net.TCPListener, mark uint32) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
 	c, _ := dial(t, e.self, e.upNS, bpftest.Op{Addr: upstream, Mark: mark})
 	s := accept(t, srv, 3*time.Second)
@@ -27,13 +27,13 @@ func upstreamPair(t *testing.T, e *env, srv *net.TCPListener, mark uint32) (*net
 	return c.(*net.TCPConn), s
 }
 
-func (e *env) upstream(t *testing.T) *net.TCPListener {
+func (e *env) upstream(t testing.TB) *net.TCPListener {
 	t.Helper()
 	e.upNS = bpftest.NewNetns(t, "10.77.0.1/32")
 	return listen(t, e.self, e.upNS, upstream)
 }
 
-func snapshot(t *testing.T, w witness.Witness, c *net.TCPConn) witness.Counters {
+func snapshot(t testing.TB, w witness.Witness, c *net.TCPConn) witness.Counters {
 	t.Helper()
 	ctr, err := w.Snapshot(rawConn(t, c))
 	if err != nil {

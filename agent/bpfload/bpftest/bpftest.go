@@ -165,12 +165,16 @@ func NewNetns(t testing.TB, loAddrs ...string) netns.NsHandle {
 
 // Op is what the child does.
 type Op struct {
-	Kind    string // "listen", "dial" (TCP) or "udp" (connect a UDP socket)
+	// Kind: "listen", "dial" (TCP), "udp" (connect a UDP socket), or
+	// "connectloop" (Count TCP connects to Addr, each closed at once,
+	// timed; no socket comes back).
+	Kind    string
 	Family  int    // unix.AF_INET or unix.AF_INET6
 	Addr    string // address to listen on or dial, "ip:port"
 	Local   string // optional local address to bind before dialing
 	Mark    uint32 // optional SO_MARK
 	Timeout time.Duration
+	Count   int
 }
 
 // Result is what the child reports with the socket.
@@ -178,6 +182,7 @@ type Result struct {
 	Err   string // errno text of a failed connect/listen, "" on success
 	Local string // getsockname after the operation
 	Peer  string // getpeername after connect
+	Nanos int64  // connectloop: total time of the connects
 }
 
 // Socket runs op in a child placed in cgroup and network namespace ns and
@@ -291,6 +296,9 @@ func RunChildIfRequested() {
 
 func childOp(op Op) (int, Result) {
 	var res Result
+	if op.Kind == "connectloop" {
+		return -1, connectLoop(op)
+	}
 	typ := unix.SOCK_STREAM
 	if op.Kind == "udp" {
 		typ = unix.SOCK_DGRAM
@@ -325,7 +333,7 @@ func childOp(op Op) (int, Result) {
 		if err := unix.Bind(fd, addr); err != nil {
 			return fail("bind", err)
 		}
-		if err := unix.Listen(fd, 128); err != nil {
+		if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
 			return fail("listen", err)
 		}
 	case "dial", "udp":
@@ -435,4 +443,31 @@ func NothingLeft(pinDir string, cgroups []string, progIDs []uint32) error {
 		return fmt.Errorf("left behind: %s", strings.Join(left, ", "))
 	}
 	return nil
+}
+
+func connectLoop(op Op) Result {
+	var res Result
+	addr, err := sockaddr(op.Family, op.Addr)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	start := time.Now()
+	for i := 0; i < op.Count; i++ {
+		fd, err := unix.Socket(op.Family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			res.Err = "socket: " + err.Error()
+			return res
+		}
+		// RST on close: no TIME_WAIT pile-up across iterations.
+		_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
+		err = unix.Connect(fd, addr)
+		unix.Close(fd)
+		if err != nil {
+			res.Err = "connect: " + err.Error()
+			return res
+		}
+	}
+	res.Nanos = time.Since(start).Nanoseconds()
+	return res
 }
