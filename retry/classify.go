@@ -86,12 +86,20 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	if a.w == nil || info.Conn == nil {
 		return
 	}
-	if wc := witnessConnOf(info.Conn); wc != nil {
+	wc := witnessConnOf(info.Conn)
+	if wc != nil {
 		wc.arm(a.w)
 	}
 	raw, err := rawConnOf(info.Conn)
 	if err == nil {
 		a.before, err = a.w.Snapshot(raw)
+	}
+	if err != nil && wc != nil {
+		// Already dead (and closed) before the request reached it: if
+		// nothing was ever written on it, its birth snapshot stands.
+		if b, ok := wc.birthIfUnused(); ok {
+			a.before, err = b, nil
+		}
 	}
 	a.hasBefore, a.beforeErr = err == nil, err
 }

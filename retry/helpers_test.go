@@ -21,6 +21,8 @@ type rawServer struct {
 	ln    net.Listener
 	conns atomic.Int64
 	wg    sync.WaitGroup
+	mu    sync.Mutex
+	open  []net.Conn
 }
 
 func newRawServer(t *testing.T, fn func(c net.Conn, n int)) *rawServer {
@@ -39,6 +41,9 @@ func newRawServer(t *testing.T, fn func(c net.Conn, n int)) *rawServer {
 				return
 			}
 			n := int(s.conns.Add(1))
+			s.mu.Lock()
+			s.open = append(s.open, c)
+			s.mu.Unlock()
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
@@ -48,7 +53,15 @@ func newRawServer(t *testing.T, fn func(c net.Conn, n int)) *rawServer {
 			}()
 		}
 	}()
-	t.Cleanup(func() { ln.Close(); s.wg.Wait() })
+	t.Cleanup(func() {
+		ln.Close()
+		s.mu.Lock()
+		for _, c := range s.open {
+			c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
 	return s
 }
 

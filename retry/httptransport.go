@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/egret-proxy/egret/proxy/witness"
 )
 
 // HTTPOptions configures the one-attempt transport built by NewHTTPTransport.
@@ -187,8 +189,17 @@ func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string) (ne
 	if err != nil {
 		return nil, &DialError{Op: "dial", Addr: addr, Err: err}
 	}
-	return newWitnessConn(c), nil
+	wc := newWitnessConn(c)
+	if w, ok := ctx.Value(witnessKey{}).(witness.Witness); ok {
+		// Armed from birth, so that a failure before the request is even
+		// handed to the connection leaves a snapshot.
+		wc.armAtBirth(w)
+	}
+	return wc, nil
 }
+
+// witnessKey carries the retry Transport's witness to the dialer.
+type witnessKey struct{}
 
 // dialTLSH1 is net/http's TLS dialer: a connection that already negotiated
 // http/1.1 by ALPN first, else a new one offering only http/1.1.

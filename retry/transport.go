@@ -368,6 +368,9 @@ func (r *run) attempt(n int, body io.ReadCloser) (*attemptResult, Attempt) {
 	ar.cancel = cancel
 	at := &attemptTrace{w: t.Witness}
 	actx = httptrace.WithClientTrace(actx, at.clientTrace())
+	if t.Witness != nil {
+		actx = context.WithValue(actx, witnessKey{}, t.Witness)
+	}
 	var timer *attemptTimer
 	if r.pol.AttemptTimeout > 0 {
 		timer = &attemptTimer{}

@@ -33,6 +33,9 @@ type witnessConn struct {
 
 	mu       sync.Mutex
 	w        witness.Witness
+	birth    witness.Counters // at dial, when armed from birth
+	hasBirth bool
+	written  uint64 // bytes the socket accepted from us
 	writing  int
 	frozen   bool
 	final    witness.Counters
@@ -68,6 +71,28 @@ func (c *witnessConn) arm(w witness.Witness) {
 	c.mu.Unlock()
 }
 
+// armAtBirth arms a new connection and takes its first snapshot, a valid
+// "before" for a request that finds it already dead.
+func (c *witnessConn) armAtBirth(w witness.Witness) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.w = w
+	if c.raw == nil {
+		return
+	}
+	if s, err := w.Snapshot(c.raw); err == nil {
+		c.birth, c.hasBirth = s, true
+	}
+}
+
+// birthIfUnused returns the birth snapshot if nothing was ever written on
+// the connection: then it is as good a "before" as one taken now.
+func (c *witnessConn) birthIfUnused() (witness.Counters, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.birth, c.hasBirth && c.written == 0 && c.writing == 0
+}
+
 func (c *witnessConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.frozen {
@@ -79,6 +104,7 @@ func (c *witnessConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	c.mu.Lock()
 	c.writing--
+	c.written += uint64(max(n, 0))
 	c.mu.Unlock()
 	if err != nil {
 		c.freeze()

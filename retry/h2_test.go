@@ -1,0 +1,290 @@
+package retry
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/egret-proxy/egret/engine"
+)
+
+// h2Action is what the raw HTTP/2 server does with a request stream.
+type h2Action int
+
+const (
+	h2Answer       h2Action = iota // read it whole, answer 200 "ok" (executed)
+	h2Refuse                       // RST_STREAM REFUSED_STREAM on its HEADERS
+	h2GoAwayBelow                  // GOAWAY with last-stream-id below it, then close
+	h2GoAwayCovers                 // read it whole, GOAWAY covering it, close (executed, no answer)
+)
+
+// h2RawServer speaks HTTP/2 with prior knowledge through a bare Framer and
+// does to the i-th request (from 1) what plan(i) says.
+func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int64) *rawServer {
+	var requests atomic.Int64
+	return newRawServer(t, func(c net.Conn, _ int) {
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
+			return
+		}
+		fr := http2.NewFramer(c, c)
+		if err := fr.WriteSettings(); err != nil {
+			return
+		}
+		actions := map[uint32]h2Action{}
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					fr.WriteSettingsAck()
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					fr.WritePing(true, f.Data)
+				}
+			case *http2.HeadersFrame:
+				id := f.StreamID
+				a := plan(requests.Add(1))
+				actions[id] = a
+				switch a {
+				case h2Refuse:
+					fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+					delete(actions, id)
+					continue
+				case h2GoAwayBelow:
+					fr.WriteGoAway(id-2+0*id, http2.ErrCodeNo, nil)
+					if id < 2 {
+						fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+					}
+					time.Sleep(20 * time.Millisecond)
+					return
+				}
+				if f.StreamEnded() {
+					if !h2Finish(fr, id, a, executed) {
+						return
+					}
+				}
+			case *http2.DataFrame:
+				id := f.StreamID
+				if len(f.Data()) > 0 {
+					fr.WriteWindowUpdate(0, uint32(len(f.Data())))
+				}
+				a, ok := actions[id]
+				if ok && f.StreamEnded() {
+					if !h2Finish(fr, id, a, executed) {
+						return
+					}
+				}
+			}
+		}
+	})
+}
+
+// h2Finish completes a whole request; false means close the connection.
+func h2Finish(fr *http2.Framer, id uint32, a h2Action, executed *atomic.Int64) bool {
+	executed.Add(1)
+	if a == h2GoAwayCovers {
+		fr.WriteGoAway(id, http2.ErrCodeNo, nil)
+		time.Sleep(20 * time.Millisecond)
+		return false
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+	enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "2"})
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+	fr.WriteData(id, true, []byte("ok"))
+	return true
+}
+
+func h2cTransport(t *testing.T) *Transport {
+	tr, _, _ := testTransport(t, nil)
+	base := NewHTTPTransport(HTTPOptions{H2C: true})
+	t.Cleanup(base.CloseIdleConnections)
+	tr.Base = base
+	return tr
+}
+
+func TestH2CRefusedStreamRetriedForPOST(t *testing.T) {
+	var executed atomic.Int64
+	srv := h2RawServer(t, func(i int64) h2Action {
+		if i == 1 {
+			return h2Refuse
+		}
+		return h2Answer
+	}, &executed)
+	tr := h2cTransport(t)
+	resp, err := tr.RoundTrip(post(t, srv.url(), "transfer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	if resp.StatusCode != 200 || string(b) != "ok" || resp.ProtoMajor != 2 {
+		t.Fatalf("status %d proto %s body %q", resp.StatusCode, resp.Proto, b)
+	}
+	if executed.Load() != 1 || len(trc.Attempts) != 2 {
+		t.Fatalf("executed %d attempts %d", executed.Load(), len(trc.Attempts))
+	}
+	a := trc.Attempts[0]
+	if a.Failure != engine.RefusedStream || a.Evidence != engine.NotSent || a.Decision.Reason != engine.ReasonNotSent {
+		t.Fatalf("first attempt %+v", a)
+	}
+}
+
+func TestH2CGoAwayBelowStreamRetriedForPOST(t *testing.T) {
+	var executed atomic.Int64
+	srv := h2RawServer(t, func(i int64) h2Action {
+		if i == 1 {
+			return h2GoAwayBelow
+		}
+		return h2Answer
+	}, &executed)
+	tr := h2cTransport(t)
+	resp, err := tr.RoundTrip(post(t, srv.url(), "transfer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	if resp.StatusCode != 200 || executed.Load() != 1 || len(trc.Attempts) != 2 || srv.conns.Load() != 2 {
+		t.Fatalf("status %d executed %d attempts %d conns %d", resp.StatusCode, executed.Load(), len(trc.Attempts), srv.conns.Load())
+	}
+	if a := trc.Attempts[0]; a.Failure != engine.RefusedStream || a.Evidence != engine.NotSent {
+		t.Fatalf("first attempt %+v", a)
+	}
+}
+
+func TestH2CGoAwayCoveringStreamIsAmbiguousForPOST(t *testing.T) {
+	var executed atomic.Int64
+	srv := h2RawServer(t, func(i int64) h2Action {
+		if i == 1 {
+			return h2GoAwayCovers
+		}
+		return h2Answer
+	}, &executed)
+	tr := h2cTransport(t)
+	_, err := tr.RoundTrip(post(t, srv.url(), "transfer"))
+	var a *AmbiguousError
+	if !errors.As(err, &a) {
+		t.Fatalf("err %T %v, want ambiguous", err, err)
+	}
+	var ga http2.GoAwayError
+	if !errors.As(err, &ga) || executed.Load() != 1 {
+		t.Fatalf("cause %v executed %d", a.Err, executed.Load())
+	}
+}
+
+func TestH2CRealServerKeepAlive(t *testing.T) {
+	var hits atomic.Int64
+	h2s := &http2.Server{}
+	srv := newRawServer(t, func(c net.Conn, _ int) {
+		h2s.ServeConn(c, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hits.Add(1) == 1 {
+				w.WriteHeader(503)
+				return
+			}
+			io.WriteString(w, r.Proto)
+		})})
+	})
+	tr := h2cTransport(t)
+	for i := range 3 {
+		resp, err := tr.RoundTrip(get(t, srv.url()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "HTTP/2.0" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, b)
+		}
+	}
+	if srv.conns.Load() != 1 || hits.Load() != 4 {
+		t.Fatalf("conns %d hits %d, want 1 connection and 4 requests", srv.conns.Load(), hits.Load())
+	}
+}
+
+func tlsTransport(t *testing.T, srv *httptest.Server, h2 bool) *Transport {
+	tr, _, _ := testTransport(t, nil)
+	cfg := &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}
+	base := NewHTTPTransport(HTTPOptions{TLS: cfg, HTTP2: h2})
+	t.Cleanup(base.CloseIdleConnections)
+	tr.Base = base
+	return tr
+}
+
+func TestTLSALPN(t *testing.T) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) })
+	for _, tc := range []struct {
+		name      string
+		serverH2  bool
+		wantProto string
+	}{{"h2", true, "HTTP/2.0"}, {"h1 fallback", false, "HTTP/1.1"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewUnstartedServer(handler)
+			srv.EnableHTTP2 = tc.serverH2
+			srv.StartTLS()
+			defer srv.Close()
+			tr := tlsTransport(t, srv, true)
+			for range 3 {
+				resp, err := tr.RoundTrip(get(t, srv.URL))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if string(b) != tc.wantProto || resp.TLS == nil {
+					t.Fatalf("proto %q tls %v", b, resp.TLS != nil)
+				}
+			}
+		})
+	}
+}
+
+func TestTLSCertificateIsPermanentNotSent(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	tr, _, _ := testTransport(t, nil) // system roots: the test certificate is unknown
+	_, err := tr.RoundTrip(post(t, srv.URL, "x"))
+	var e *Error
+	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 1 {
+		t.Fatalf("err %v", err)
+	}
+	if a := e.Trace.Attempts[0]; a.Failure != engine.TLSCertificate || a.Decision.Reason != engine.ReasonPermanentFailure || hits.Load() != 0 {
+		t.Fatalf("attempt %+v hits %d", a, hits.Load())
+	}
+}
+
+func TestTLSHandshakeFailureIsNotSent(t *testing.T) {
+	// A server that answers the ClientHello with garbage.
+	srv := newRawServer(t, func(c net.Conn, _ int) {
+		buf := make([]byte, 512)
+		c.Read(buf)
+		io.WriteString(c, "HTTP/1.1 400 Bad Request\r\n\r\n")
+	})
+	tr, _, _ := testTransport(t, nil)
+	_, err := tr.RoundTrip(post(t, "https://"+srv.ln.Addr().String()+"/", "x"))
+	var e *Error
+	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 3 {
+		t.Fatalf("err %v", err)
+	}
+	if a := e.Trace.Attempts[0]; a.Failure != engine.TLSHandshake {
+		t.Fatalf("attempt %+v", a)
+	}
+}
