@@ -109,7 +109,9 @@ func (m *Metrics) tunnel() {
 	}
 }
 
-func (m *Metrics) bulkheadRejected(upstream string) {
+// BulkheadRejected counts a bulkhead rejection; wire it to Bulkheads.OnReject
+// when the Bulkheads are shared.
+func (m *Metrics) BulkheadRejected(upstream string) {
 	if m != nil {
 		m.rejections.WithLabelValues(upstream).Inc()
 	}

@@ -90,7 +90,7 @@ func TestRequestIDOnEveryAnswer(t *testing.T) {
 	closed := ln.Addr().String()
 	ln.Close()
 	for _, raw := range []string{
-		"GET " + up.url("/") + " HTTP/1.1\r\nHost: x\r\n\r\n",              // relayed
+		"GET " + up.url("/") + " HTTP/1.1\r\nHost: x\r\n\r\n",               // relayed
 		"GET http://" + closed + "/ HTTP/1.1\r\nHost: x\r\n\r\n",            // not-sent
 		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                                 // refused
 		"CONNECT " + closed + " HTTP/1.1\r\nHost: " + closed + "\r\n\r\n",   // tunnel refused

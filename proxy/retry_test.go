@@ -356,7 +356,7 @@ func TestBulkheadRejects(t *testing.T) {
 	m := testMetrics(t)
 	bhs := NewBulkheads()
 	bhs.MaxWait = 50 * time.Millisecond
-	bhs.OnReject = m.bulkheadRejected
+	bhs.OnReject = m.BulkheadRejected
 	p := startProxy(t, Config{Metrics: m, Bulkheads: bhs, Policy: mustPolicy(t, `
 defaults:
   max_attempts: 1

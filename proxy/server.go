@@ -156,7 +156,7 @@ func (c *Config) setDefaults() {
 	if c.Bulkheads == nil {
 		c.Bulkheads = NewBulkheads()
 		m := c.Metrics
-		c.Bulkheads.OnReject = m.bulkheadRejected
+		c.Bulkheads.OnReject = m.BulkheadRejected
 	}
 	if c.Traces == nil {
 		c.Traces = NewTraces(0)

@@ -17,6 +17,7 @@ func App() *cli.App {
 		Usage: "truthful egress HTTP retries for Kubernetes pods",
 		Commands: []*cli.Command{
 			simulateCommand(),
+			proxyCommand(),
 		},
 		HideHelpCommand: true,
 	}
