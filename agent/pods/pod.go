@@ -1,0 +1,163 @@
+// Package pods describes the workloads the node agent puts behind egret and
+// the sources that say which exist.
+//
+// A Pod is a cgroup v2 directory (whose processes' TCP connects are
+// redirected) plus a network namespace (where the pod's egret listener is
+// opened and from where its upstreams are dialed). A Source streams Events:
+// first the pods that exist (Added), then Synced once the initial set is
+// complete, then changes as they happen. Implementations: Memory (tests,
+// `egret run`), File (a YAML file, reloaded on change); a Kubernetes source
+// (pods on this node opted in by annotation) fits the same interface.
+package pods
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Pod is one workload put behind egret.
+type Pod struct {
+	// Name identifies the pod to the source (namespace/name on
+	// Kubernetes). Unique within a source.
+	Name string
+	// Cgroup is the pod's cgroup v2 directory, e.g.
+	// /sys/fs/cgroup/unified/kubepods/pod1234. Connects made by processes
+	// in it (or below it) are redirected.
+	Cgroup string
+	// Netns is a path to the pod's network namespace (/proc/PID/ns/net,
+	// /run/netns/NAME); empty means the agent's own namespace.
+	Netns string
+	// ListenPort is the port of the pod's egret listener on 127.0.0.1 and
+	// ::1 inside its namespace; 0 takes the agent's default.
+	ListenPort uint16
+	// Exclude lists destinations that always go direct.
+	Exclude Exclusions
+	// RedirectLoopback also redirects connects to 127.0.0.0/8 and ::1
+	// (by default they go direct).
+	RedirectLoopback bool
+	// Policy is a policy override (YAML, the policy file's schema) laid
+	// over the node's policy for this pod only; empty for none.
+	Policy []byte
+}
+
+// Exclusions are destinations a pod reaches directly, never through egret.
+type Exclusions struct {
+	Ports []uint16
+	CIDRs []netip.Prefix
+	// NoDefaultPorts drops the agent's default excluded ports (the
+	// server-speaks-first protocols: SMTP, MySQL, ...).
+	NoDefaultPorts bool
+}
+
+// Equal reports whether p and q describe the same pod in every field.
+func (p Pod) Equal(q Pod) bool {
+	return p.Name == q.Name && p.Cgroup == q.Cgroup && p.Netns == q.Netns &&
+		p.ListenPort == q.ListenPort && p.RedirectLoopback == q.RedirectLoopback &&
+		slices.Equal(p.Exclude.Ports, q.Exclude.Ports) &&
+		slices.Equal(p.Exclude.CIDRs, q.Exclude.CIDRs) &&
+		p.Exclude.NoDefaultPorts == q.Exclude.NoDefaultPorts &&
+		string(p.Policy) == string(q.Policy)
+}
+
+// Validate checks the fields a source cannot leave wrong.
+func (p Pod) Validate() error {
+	if p.Name == "" {
+		return fmt.Errorf("%w: pod without a name", ErrInvalid)
+	}
+	if p.Cgroup == "" {
+		return fmt.Errorf("%w: pod %s: no cgroup", ErrInvalid, p.Name)
+	}
+	for _, c := range p.Exclude.CIDRs {
+		if !c.IsValid() {
+			return fmt.Errorf("%w: pod %s: invalid excluded CIDR", ErrInvalid, p.Name)
+		}
+	}
+	return nil
+}
+
+// EventKind says what happened to a pod.
+type EventKind uint8
+
+// Event kinds.
+const (
+	// Added: a pod the agent has not seen from this source.
+	Added EventKind = iota + 1
+	// Updated: a pod already added changed (Event.Pod is the new state).
+	Updated
+	// Removed: the pod is gone (Event.Pod is its last state).
+	Removed
+	// Synced: every pod that existed when the source started has been
+	// sent; the agent may now forget pinned pods the source does not know.
+	Synced
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case Added:
+		return "added"
+	case Updated:
+		return "updated"
+	case Removed:
+		return "removed"
+	case Synced:
+		return "synced"
+	}
+	return fmt.Sprintf("event(%d)", uint8(k))
+}
+
+// Event is one change of a source.
+type Event struct {
+	Kind EventKind
+	Pod  Pod
+}
+
+// Source streams pod events.
+type Source interface {
+	// Run sends the current pods as Added, then Synced, then every change,
+	// until ctx ends (it then returns ctx.Err()) or the source fails. A
+	// Source may be Run once at a time.
+	Run(ctx context.Context, events chan<- Event) error
+}
+
+// Sentinel errors; match them with errors.Is.
+var (
+	// ErrInvalid: a pod description that cannot be used.
+	ErrInvalid = errors.New("pods: invalid pod")
+	// ErrFile: the pods file cannot be read or parsed (the error names the
+	// file and the line).
+	ErrFile = errors.New("pods: bad pods file")
+)
+
+// diff returns the events that turn old into cur, in name order of cur
+// (removals first).
+func diff(old, cur map[string]Pod) []Event {
+	var ev []Event
+	for _, name := range sortedNames(old) {
+		if _, ok := cur[name]; !ok {
+			ev = append(ev, Event{Kind: Removed, Pod: old[name]})
+		}
+	}
+	for _, name := range sortedNames(cur) {
+		p := cur[name]
+		o, ok := old[name]
+		switch {
+		case !ok:
+			ev = append(ev, Event{Kind: Added, Pod: p})
+		case !o.Equal(p):
+			ev = append(ev, Event{Kind: Updated, Pod: p})
+		}
+	}
+	return ev
+}
+
+func sortedNames(m map[string]Pod) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}

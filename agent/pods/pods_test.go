@@ -1,0 +1,180 @@
+package pods
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const good = `pods:
+  - name: web
+    cgroup: kubepods/web
+    netns: web
+    listen_port: 15002
+    exclude:
+      ports: [5432, 8443]
+      cidrs: [10.0.0.0/8, 192.0.2.7]
+      default_ports: false
+    policy:
+      defaults:
+        max_attempts: 2
+  - name: batch
+    cgroup: /sys/fs/cgroup/unified/batch
+    redirect_loopback: true
+`
+
+func TestParse(t *testing.T) {
+	ps, err := Parse("pods.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 2 {
+		t.Fatalf("pods = %d", len(ps))
+	}
+	w := ps[0]
+	if w.Cgroup != "/sys/fs/cgroup/unified/kubepods/web" || w.Netns != "/run/netns/web" || w.ListenPort != 15002 {
+		t.Errorf("web = %+v", w)
+	}
+	if len(w.Exclude.Ports) != 2 || !w.Exclude.NoDefaultPorts ||
+		w.Exclude.CIDRs[1] != netip.MustParsePrefix("192.0.2.7/32") {
+		t.Errorf("web exclusions = %+v", w.Exclude)
+	}
+	if !strings.Contains(string(w.Policy), "max_attempts: 2") {
+		t.Errorf("policy = %q", w.Policy)
+	}
+	b := ps[1]
+	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts {
+		t.Errorf("batch = %+v", b)
+	}
+}
+
+func TestParseErrorsNameTheLine(t *testing.T) {
+	cases := []struct {
+		name, doc, want string
+	}{
+		{"unknown key", "pods:\n  - name: a\n    cgroup: a\n    colour: red\n", "pods.yaml:4:"},
+		{"no cgroup", "pods:\n  - name: a\n  - name: b\n    cgroup: b\n", "pods.yaml:2: pod a: cgroup is required"},
+		{"duplicate", "pods:\n  - name: a\n    cgroup: a\n  - name: a\n    cgroup: b\n", "pods.yaml:4: pod a: name already used at line 2"},
+		{"bad cidr", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      cidrs: [10.0.0.0/33]\n", "pods.yaml:4: pod a: excluded CIDR"},
+		{"bad port", "pods:\n  - name: a\n    cgroup: a\n    listen_port: 70000\n", "pods.yaml:4: pod a: listen_port 70000"},
+		{"bad type", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      ports: [http]\n", "pods.yaml:5:"},
+		{"bad policy", "pods:\n  - name: a\n    cgroup: a\n    policy:\n      defaults:\n        max_attempts: 0\n", "pods.yaml:4: pod a: policy"},
+		{"syntax", "pods:\n  - name: [\n", "pods.yaml:"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("pods.yaml", []byte(tc.doc))
+			if err == nil || !errors.Is(err, ErrFile) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func next(t *testing.T, ch <-chan Event) Event {
+	t.Helper()
+	select {
+	case ev := <-ch:
+		return ev
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event")
+	}
+	return Event{}
+}
+
+func TestMemoryEvents(t *testing.T) {
+	m, err := NewMemory(Pod{Name: "a", Cgroup: "/x/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch := make(chan Event)
+	go m.Run(ctx, ch)
+	if ev := next(t, ch); ev.Kind != Added || ev.Pod.Name != "a" {
+		t.Fatalf("got %v", ev)
+	}
+	if ev := next(t, ch); ev.Kind != Synced {
+		t.Fatalf("got %v", ev)
+	}
+	_ = m.Put(Pod{Name: "a", Cgroup: "/x/a", RedirectLoopback: true})
+	if ev := next(t, ch); ev.Kind != Updated || !ev.Pod.RedirectLoopback {
+		t.Fatalf("got %v", ev)
+	}
+	_ = m.Put(Pod{Name: "b", Cgroup: "/x/b"})
+	if ev := next(t, ch); ev.Kind != Added || ev.Pod.Name != "b" {
+		t.Fatalf("got %v", ev)
+	}
+	_ = m.Remove("a")
+	if ev := next(t, ch); ev.Kind != Removed || ev.Pod.Name != "a" {
+		t.Fatalf("got %v", ev)
+	}
+	if err := m.Put(Pod{Name: "c"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("pod without cgroup: %v", err)
+	}
+}
+
+func TestFileReloads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pods.yaml")
+	write := func(s string) {
+		t.Helper()
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("pods:\n  - name: a\n    cgroup: a\n")
+	f, err := NewFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Interval = 10 * time.Millisecond
+	refused := make(chan error, 10)
+	f.OnError = func(err error) { refused <- err }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch := make(chan Event)
+	go f.Run(ctx, ch)
+	next(t, ch) // a
+	next(t, ch) // synced
+
+	write("pods:\n  - name: a\n    cgroup: a\n  - name: b\n    cgroup: b\n")
+	if ev := next(t, ch); ev.Kind != Added || ev.Pod.Name != "b" {
+		t.Fatalf("got %v", ev)
+	}
+	write("pods:\n  - name: a\n    cgroupp: a\n")
+	select {
+	case err := <-refused:
+		if !strings.Contains(err.Error(), ":3:") {
+			t.Fatalf("refusal without line: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("bad file not refused")
+	}
+	if len(f.Pods()) != 2 {
+		t.Fatalf("pods after refused reload = %v", f.Pods())
+	}
+	write("pods: []\n")
+	seen := map[string]bool{}
+	for range 2 {
+		ev := next(t, ch)
+		if ev.Kind != Removed {
+			t.Fatalf("got %v", ev)
+		}
+		seen[ev.Pod.Name] = true
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Fatalf("removed %v", seen)
+	}
+	if _, err := NewFile(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, ErrFile) {
+		t.Fatalf("missing file: %v", err)
+	}
+}
