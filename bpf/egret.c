@@ -63,6 +63,8 @@ struct {
 	__uint(max_entries, 4096);
 	__type(key, __u64);
 	__type(value, struct pod_config);
+	/* 8 KiB values: allocate per pod, not 32 MiB up front. */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egret_pods SEC(".maps");
 
@@ -93,7 +95,10 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
+	/* Live redirected connections per node; an entry is only needed
+	 * until the listener has read it, and goes when the client closes.
+	 * Preallocated: about 9 MiB. */
+	__uint(max_entries, 65536);
 	__type(key, struct tuple_key);
 	__type(value, struct orig_dst);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

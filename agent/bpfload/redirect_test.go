@@ -10,6 +10,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
+	"github.com/egret-proxy/egret/proxy/witness"
 )
 
 var (
@@ -31,6 +32,12 @@ func TestRedirectIPv4RecoversOriginal(t *testing.T) {
 		t.Fatalf("original destination = %s", got)
 	}
 	roundTrip(t, client, srv)
+
+	// Other options on sockets in egret's cgroup pass through getsockopt.
+	ti, err := (witness.TCPInfo{}).Snapshot(rawConn(t, srv))
+	if err != nil || ti.State != 1 {
+		t.Fatalf("TCP_INFO on the accepted socket: %+v, %v", ti, err)
+	}
 }
 
 func TestTwoPodsIdenticalTuples(t *testing.T) {
