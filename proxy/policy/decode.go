@@ -44,8 +44,7 @@ func (v *val[T]) put(x T, at pos) { v.v, v.set, v.at = x, true, at }
 // written. Single values are checked when decoded; combinations are checked
 // when the layers are resolved.
 type rawUpstream struct {
-	at    pos // the entry itself
-	index int // position in upstreams; -1 for defaults
+	at pos // the entry itself
 
 	Name val[string]
 	Host val[string]
@@ -80,9 +79,6 @@ type rawUpstream struct {
 	RefreshCommand val[[]string]
 	RefreshTimeout val[time.Duration]
 	CommandDir     val[string]
-
-	// blocks written, for the override restrictions
-	blocks map[string]pos
 }
 
 // rawDoc is one decoded file.
@@ -234,9 +230,6 @@ func (d *decoder) mapping(n *yaml.Node, path string, fields map[string]func(*yam
 		if !ok {
 			d.fail(d.posOf(k, kp), ErrUnknownField, "unknown field (want one of %s)", keyList(fields))
 			continue
-		}
-		if fn == nil {
-			continue // refused by the caller with its own message
 		}
 		fn(v, kp)
 	}
@@ -448,13 +441,10 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 	if n == nil {
 		return nil
 	}
-	u := &rawUpstream{at: d.posOf(n, path), index: index, blocks: map[string]pos{}}
+	u := &rawUpstream{at: d.posOf(n, path)}
 	hostGiven := false
-	block := func(name string, fields map[string]func(*yaml.Node, string)) func(*yaml.Node, string) {
-		return func(v *yaml.Node, p string) {
-			u.blocks[name] = d.posOf(v, p)
-			d.mapping(v, p, fields)
-		}
+	block := func(fields map[string]func(*yaml.Node, string)) func(*yaml.Node, string) {
+		return func(v *yaml.Node, p string) { d.mapping(v, p, fields) }
 	}
 	fields := map[string]func(*yaml.Node, string){
 		"max_attempts": func(v *yaml.Node, p string) { d.intVal(v, p, 1, 100, &u.MaxAttempts) },
@@ -463,7 +453,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 			d.duration(v, p, false, &u.AttemptTimeout)
 		},
 		"min_attempt": func(v *yaml.Node, p string) { d.duration(v, p, false, &u.MinAttempt) },
-		"backoff": block("backoff", map[string]func(*yaml.Node, string){
+		"backoff": block(map[string]func(*yaml.Node, string){
 			"kind": func(v *yaml.Node, p string) {
 				var s val[string]
 				if k, ok := d.str(v, p, &s); ok {
@@ -478,7 +468,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 			"base": func(v *yaml.Node, p string) { d.duration(v, p, true, &u.BackoffBase) },
 			"max":  func(v *yaml.Node, p string) { d.duration(v, p, true, &u.BackoffMax) },
 		}),
-		"budget": block("budget", map[string]func(*yaml.Node, string){
+		"budget": block(map[string]func(*yaml.Node, string){
 			"ratio":          func(v *yaml.Node, p string) { d.number(v, p, &u.BudgetRatio) },
 			"min_per_second": func(v *yaml.Node, p string) { d.number(v, p, &u.BudgetMin) },
 			"ttl":            func(v *yaml.Node, p string) { d.duration(v, p, true, &u.BudgetTTL) },
@@ -489,7 +479,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 		"method_default":          func(v *yaml.Node, p string) { d.onOff(v, p, &u.MethodDefault) },
 		"routes":                  func(v *yaml.Node, p string) { d.routes(v, p, u) },
 		"bulkhead":                func(v *yaml.Node, p string) { d.intVal(v, p, 0, 1<<20, &u.Bulkhead) },
-		"body": block("body", map[string]func(*yaml.Node, string){
+		"body": block(map[string]func(*yaml.Node, string){
 			"memory_limit": func(v *yaml.Node, p string) { d.size(v, p, &u.MemoryLimit) },
 			"spool_limit":  func(v *yaml.Node, p string) { d.size(v, p, &u.SpoolLimit) },
 		}),
@@ -519,7 +509,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 			d.fail(d.posOf(v, p), ErrUnknownField, "not allowed under defaults: set it per upstream")
 		}
 	}
-	fields["tls"] = block("tls", tlsFields)
+	fields["tls"] = block(tlsFields)
 	if index >= 0 {
 		fields["name"] = func(v *yaml.Node, p string) { d.name(v, p, u) }
 		fields["host"] = func(v *yaml.Node, p string) {
@@ -527,7 +517,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 			d.host(v, p, u)
 		}
 		fields["port"] = func(v *yaml.Node, p string) { d.intVal(v, p, 1, 65535, &u.Port) }
-		fields["credential"] = block("credential", map[string]func(*yaml.Node, string){
+		fields["credential"] = block(map[string]func(*yaml.Node, string){
 			"bearer_token_file": func(v *yaml.Node, p string) { d.filePath(v, p, &u.TokenFile) },
 			"refresh_command":   func(v *yaml.Node, p string) { d.argv(v, p, u) },
 			"refresh_timeout":   func(v *yaml.Node, p string) { d.duration(v, p, true, &u.RefreshTimeout) },
@@ -538,7 +528,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 				"not allowed under defaults: the token would be sent to every destination; set it per upstream")
 		}
 	}
-	d.nodeOnly(fields, "budget", "bulkhead", "body", "tls", "credential")
+	d.nodeOnly(fields, "name", "budget", "bulkhead", "body", "tls", "credential")
 	if !d.mapping(n, path, fields) {
 		return nil
 	}

@@ -26,7 +26,7 @@ var (
 	// read or used.
 	ErrFile = errors.New("unusable file")
 	// ErrNotOverridable: a per-pod override sets a field only the node's
-	// policy may set (budget, bulkhead, body limits, tls, credential).
+	// policy may set (name, budget, bulkhead, body limits, tls, credential).
 	ErrNotOverridable = errors.New("not overridable")
 )
 

@@ -63,9 +63,9 @@ func fileError(path string, err error) *Error {
 
 // Overlay returns base with a per-pod override laid over it. The override
 // is a policy document of the same schema, except that it may not set the
-// fields that belong to the node (budget, bulkhead, body, tls, credential):
-// budgets are node-wide per upstream, and a pod must not make the agent
-// read files or run commands.
+// fields that belong to the node (name, budget, bulkhead, body, tls,
+// credential): budgets are node-wide per upstream and a pod must not pick
+// its own, and a pod must not make the agent read files or run commands.
 //
 // Precedence, most general first: embedded defaults, base defaults,
 // override defaults, base entry, override entry. An override entry with the
