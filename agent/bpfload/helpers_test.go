@@ -41,7 +41,7 @@ func setup(t testing.TB) *env {
 		if e.cg != nil {
 			cgs = append(cgs, e.cg.Top)
 		}
-		if err := bpftest.NothingLeft(e.pin, cgs, ids); err != nil {
+		if err := bpftest.NothingLeft(e.pin, cgs, nil, ids); err != nil {
 			t.Error(err)
 		}
 	})

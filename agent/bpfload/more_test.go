@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -204,5 +205,42 @@ func TestMarkControl(t *testing.T) {
 	}
 	if mark != 0x1234 {
 		t.Fatalf("SO_MARK = %#x", mark)
+	}
+}
+
+// Remove leaves nothing: no pins, no programs attached to the pod's or
+// egret's cgroups (which still exist), no programs in the kernel.
+func TestRemoveLeavesNothing(t *testing.T) {
+	testenv.RequireRoot(t)
+	cg := bpftest.NewCgroups(t)
+	podCg, selfCg := cg.Sub(t, "pod"), cg.Sub(t, "egret")
+	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	l, err := bpfload.Load(bpfload.Options{PinDir: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uint32
+	for _, id := range l.ProgramIDs() {
+		ids = append(ids, uint32(id))
+	}
+	if _, err := l.AttachPod(podCg, bpfload.PodConfig{Listen4: listen4, ExcludePrefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AttachSelf(selfCg); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{podCg, selfCg} {
+		if got, err := bpftest.AttachedPrograms(c); err != nil || len(got) == 0 {
+			t.Fatalf("attached to %s: %v %v", c, got, err)
+		}
+	}
+	if err := l.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := bpftest.NothingLeft(pin, nil, []string{podCg, selfCg}, ids); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -413,10 +413,12 @@ func Conn(t testing.TB, f *os.File) net.Conn {
 }
 
 // NothingLeft reports what of a test run is still around: bpffs entries
-// under pinDir, the given cgroup directories, and programs whose
+// under pinDir, the given cgroup directories (which should be gone),
+// programs attached to the cgroups in attachedTo (which still exist), and
+// programs whose
 // ids are in progIDs (polled for a while: the kernel frees them
 // asynchronously once the last link and descriptor go).
-func NothingLeft(pinDir string, cgroups []string, progIDs []uint32) error {
+func NothingLeft(pinDir string, cgroups, attachedTo []string, progIDs []uint32) error {
 	var left []string
 	if _, err := os.Stat(pinDir); err == nil {
 		left = append(left, "pin directory "+pinDir)
@@ -424,6 +426,15 @@ func NothingLeft(pinDir string, cgroups []string, progIDs []uint32) error {
 	for _, c := range cgroups {
 		if _, err := os.Stat(c); err == nil {
 			left = append(left, "cgroup "+c)
+		}
+	}
+	for _, c := range attachedTo {
+		ids, err := AttachedPrograms(c)
+		if err != nil {
+			left = append(left, fmt.Sprintf("cgroup %s: %v", c, err))
+		}
+		for _, id := range ids {
+			left = append(left, fmt.Sprintf("program %d attached to %s", id, c))
 		}
 	}
 	deadline := time.Now().Add(5 * time.Second)
