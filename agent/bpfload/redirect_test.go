@@ -222,3 +222,32 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// With RedirectLoopback a pod's connects to its own 127.0.0.1 are
+// redirected too (the listener itself excepted).
+func TestRedirectLoopbackOptIn(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4, Listen6: listen6, RedirectLoopback: true})
+	egret := listen(t, e.self, p.ns, listen4.String())
+	egret6 := listen(t, e.self, p.ns, listen6.String())
+	direct := listen(t, e.self, p.ns, "127.0.0.1:9000")
+
+	c, _ := dial(t, p.cg, p.ns, bpftest.Op{Addr: "127.0.0.1:9000"})
+	s := expectAt(t, egret, direct)
+	if got := origDst(t, s).String(); got != "127.0.0.1:9000" {
+		t.Fatalf("original = %s", got)
+	}
+	roundTrip(t, c, s)
+
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "[::1]:9000"})
+	if got := origDst(t, expectAt(t, egret6)).String(); got != "[::1]:9000" {
+		t.Fatalf("original = %s", got)
+	}
+
+	// Dialing the listener itself is never rewritten.
+	_, res := dial(t, p.cg, p.ns, bpftest.Op{Addr: listen4.String()})
+	s = expectAt(t, egret)
+	if _, err := bpfload.OriginalDst(rawConn(t, s)); !errors.Is(err, bpfload.ErrNoOriginalDst) || res.Peer != listen4.String() {
+		t.Fatalf("dial to the listener: peer %s, OriginalDst err %v", res.Peer, err)
+	}
+}

@@ -29,7 +29,9 @@ const Source = "ebpf"
 // the SYN) in an SK_STORAGE map and turns on the state, RTO, retransmit and
 // header-option callbacks. The header-option callback runs for every
 // segment the socket hands to IP, retransmissions included, and adds its
-// payload length; the record therefore moves before any byte leaves.
+// payload length; the record therefore moves before any byte leaves. It
+// counts a segment even if IP then fails to send it (no route, a netfilter
+// drop), so it can only err toward "sent", never toward "not sent".
 // tp_btf programs add resets (with their moment), retransmissions, state
 // changes and the bytes accepted by sendmsg. Snapshot reads the record by
 // the socket's fd and also reads TCP_INFO: the larger of the two counts is
@@ -65,7 +67,7 @@ func (w *Witness) Record(c syscall.RawConn) (Record, error) {
 		return rec, err
 	}
 	if lerr != nil {
-		if errors.Is(lerr, ebpf.ErrKeyNotExist) {
+		if errors.Is(lerr, ebpf.ErrKeyNotExist) || errors.Is(lerr, unix.ENOTSOCK) || errors.Is(lerr, unix.EOPNOTSUPP) {
 			return rec, fmt.Errorf("%w: socket not tracked by the eBPF witness (no egret SO_MARK at connect, or egret's cgroup not attached)", witness.ErrUnsupported)
 		}
 		return rec, fmt.Errorf("bpfload: witness lookup: %w", lerr)
