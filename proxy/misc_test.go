@@ -4,7 +4,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/proxy/policy"
 )
 
 func TestCheckListen(t *testing.T) {
@@ -106,5 +110,39 @@ func TestRequestIDOnEveryAnswer(t *testing.T) {
 		if resp.Header.Get(HeaderAttempts) == "" {
 			t.Errorf("%s: no %s", firstLine(raw), HeaderAttempts)
 		}
+	}
+}
+
+type policySourceFunc func() *policy.Policy
+
+func (f policySourceFunc) Current() *policy.Policy { return f() }
+
+func TestOverlayFollowsBase(t *testing.T) {
+	base1, err := policy.Parse("node.yaml", []byte("defaults:\n  max_attempts: 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cur atomic.Pointer[policy.Policy]
+	cur.Store(base1)
+	src := policySourceFunc(func() *policy.Policy { return cur.Load() })
+	o, err := NewOverlay(src, "pod-a", []byte("defaults:\n  timeout: 3s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := o.Current().Match("api.example", 80)
+	if u.MaxAttempts != 2 || u.Timeout != 3*time.Second {
+		t.Fatalf("overlay: attempts %d timeout %v, want 2 and 3s", u.MaxAttempts, u.Timeout)
+	}
+	base2, err := policy.Parse("node.yaml", []byte("defaults:\n  max_attempts: 5\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Store(base2)
+	u = o.Current().Match("api.example", 80)
+	if u.MaxAttempts != 5 || u.Timeout != 3*time.Second {
+		t.Fatalf("after a node reload: attempts %d timeout %v, want 5 and 3s", u.MaxAttempts, u.Timeout)
+	}
+	if _, err := NewOverlay(src, "pod-b", []byte("defaults:\n  bulkhead: 3\n")); !errors.Is(err, policy.ErrNotOverridable) {
+		t.Fatalf("a pod setting the node's bulkhead: %v, want ErrNotOverridable", err)
 	}
 }
