@@ -132,7 +132,10 @@ func (l *Loader) Pods() ([]uint64, error) {
 // (the witness) to egret's own cgroup: the cgroup of the process that
 // creates the pods' listener sockets and the upstream sockets. Accepted
 // sockets take their listener's cgroup, so this is where the proxy's
-// getsockopt runs.
+// getsockopt runs. The programs run for every socket of that cgroup and
+// its descendants (getsockopt for every getsockopt call, passing through
+// all but SO_ORIGINAL_DST), so give egret a cgroup of its own (EnterCgroup)
+// rather than attach to a shared or the root cgroup.
 func (l *Loader) AttachSelf(cgroupPath string) error {
 	id, err := CgroupID(cgroupPath)
 	if err != nil {

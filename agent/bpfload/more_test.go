@@ -244,3 +244,13 @@ func TestRemoveLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSelfCgroup(t *testing.T) {
+	p, err := bpfload.SelfCgroup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bpfload.CgroupID(p); err != nil {
+		t.Fatalf("SelfCgroup %s: %v", p, err)
+	}
+}
