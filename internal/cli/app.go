@@ -18,6 +18,7 @@ func App() *cli.App {
 		Commands: []*cli.Command{
 			simulateCommand(),
 			proxyCommand(),
+			agentCommand(), runCommand(),
 		},
 		HideHelpCommand: true,
 	}

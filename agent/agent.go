@@ -1,0 +1,493 @@
+// Package agent is egret's node agent: it keeps every pod a pods.Source
+// names behind a transparent egret proxy.
+//
+// For each pod the agent opens the pod's listeners (127.0.0.1:PORT and
+// [::1]:PORT) inside the pod's network namespace, runs a transparent
+// proxy.Server on them whose original destinations come from egret's
+// cgroup/getsockopt program and whose upstream connections are dialed from
+// the pod's namespace (so the pod's source address and network policy
+// apply: egret never reaches what the pod could not), and then attaches
+// egret's connect4/connect6/sockops programs to the pod's cgroup. Budgets,
+// bulkheads, traces and metrics are one per node, shared by all pods'
+// proxies. A pod that goes is detached and its listeners closed.
+//
+// Fail-open: the connect programs redirect only while the pod's listener
+// exists (they look it up per connect), so when the agent dies its
+// listeners close with it and the pod's connects go direct. Pinned links
+// and maps outlive the agent; a new agent adopts them (bpfload.Load) and
+// reopens the listeners, and redirection resumes.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy"
+	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/retry"
+)
+
+// DefaultListenPort is the port of a pod's egret listeners when neither the
+// pod nor the Config names one.
+const DefaultListenPort = 15001
+
+// Attacher is what the agent needs from the eBPF loader. *bpfload.Loader
+// implements it; Fake is an in-memory one for tests without root.
+type Attacher interface {
+	AttachPod(cgroupPath string, cfg bpfload.PodConfig) (uint64, error)
+	DetachPodID(id uint64) error
+	Pods() ([]uint64, error)
+	AttachSelf(cgroupPath string) error
+	DetachSelf(cgroupPath string) error
+}
+
+var _ Attacher = (*bpfload.Loader)(nil)
+
+// Config configures an Agent.
+type Config struct {
+	// Attacher attaches pods (required): a *bpfload.Loader on a node.
+	Attacher Attacher
+	// Source names the pods (required).
+	Source pods.Source
+	// SelfCgroup is the agent's own cgroup v2 directory, where egret's
+	// getsockopt (SO_ORIGINAL_DST answers) and witness programs go. The
+	// listeners and upstream sockets the agent creates belong to it. Empty:
+	// not attached (tests with a Fake).
+	SelfCgroup string
+	// Mark is the SO_MARK of upstream sockets (bpfload.Loader.Mark()).
+	Mark uint32
+	// Witness observes upstream sockets (the loader's eBPF witness); the
+	// TCP_INFO witness is the fallback for sockets it does not track.
+	Witness witness.Witness
+	// ListenPort of pods that name none (DefaultListenPort if 0).
+	ListenPort uint16
+	// Policy is the node's policy (embedded defaults if nil); a pod's own
+	// override is laid over it.
+	Policy proxy.PolicySource
+	// Proxy is the template of every pod's proxy.Config: timeouts and
+	// limits. Mode, Resolver, Policy, Dial, Witness and the shared parts
+	// are set by the agent.
+	Proxy proxy.Config
+	// ShutdownGrace is how long in-flight requests of a pod that goes (or
+	// of every pod when Run ends) may take (default 5 s).
+	ShutdownGrace time.Duration
+	// CleanupOnExit detaches every pod and egret's own cgroup when Run
+	// ends. Off on a node: the pinned state stays so that a restarted
+	// agent adopts it (and pods fail open meanwhile).
+	CleanupOnExit bool
+	// RetryInterval: how often a pod that failed to start is tried again
+	// (default 2 s).
+	RetryInterval time.Duration
+	// WrapDial, if set, wraps each pod's upstream dialer (tests).
+	WrapDial func(pod string, d proxy.DialFunc) proxy.DialFunc
+
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Pod states.
+const (
+	StateRunning = "running"
+	StateFailed  = "failed"
+)
+
+// Agent reconciles pods with egret's proxies. Create with New, then Run.
+type Agent struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+
+	budgets   *engine.Budgets
+	bulkheads *proxy.Bulkheads
+	traces    *proxy.Traces
+	pmetrics  *proxy.Metrics
+
+	mu      sync.Mutex
+	pods    map[string]*podState
+	synced  bool
+	running bool
+	started time.Time
+}
+
+// Sentinel errors.
+var (
+	// ErrConfig: an unusable Config.
+	ErrConfig = errors.New("agent: invalid config")
+	// ErrNoPod: no pod of that name.
+	ErrNoPod = errors.New("agent: no such pod")
+)
+
+// New checks cfg and returns an Agent.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Attacher == nil || cfg.Source == nil {
+		return nil, fmt.Errorf("%w: Attacher and Source are required", ErrConfig)
+	}
+	if cfg.ListenPort == 0 {
+		cfg.ListenPort = DefaultListenPort
+	}
+	if cfg.ShutdownGrace <= 0 {
+		cfg.ShutdownGrace = 5 * time.Second
+	}
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = cfg.Proxy.Policy
+	}
+	if cfg.Witness == nil {
+		cfg.Witness = witness.TCPInfo{}
+	} else {
+		cfg.Witness = fallbackWitness{primary: cfg.Witness, fallback: witness.TCPInfo{}}
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	pm := cfg.Proxy.Metrics
+	if pm == nil {
+		if pm, err = proxy.NewMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Proxy.RetryMetrics == nil {
+		if cfg.Proxy.RetryMetrics, err = retry.NewMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	a := &Agent{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		m:         m,
+		budgets:   cfg.Proxy.Budgets,
+		bulkheads: cfg.Proxy.Bulkheads,
+		traces:    cfg.Proxy.Traces,
+		pmetrics:  pm,
+		pods:      map[string]*podState{},
+	}
+	if a.budgets == nil {
+		a.budgets = engine.NewBudgets()
+	}
+	if a.bulkheads == nil {
+		a.bulkheads = proxy.NewBulkheads()
+		a.bulkheads.OnReject = pm.BulkheadRejected
+	}
+	if a.traces == nil {
+		a.traces = proxy.NewTraces(0)
+	}
+	return a, nil
+}
+
+// Budgets returns the node-wide retry budgets shared by every pod.
+func (a *Agent) Budgets() *engine.Budgets { return a.budgets }
+
+// Trace returns the trace of a request by its Egret-Request-Id.
+func (a *Agent) Trace(id string) (retry.Trace, bool) { return a.traces.Get(id) }
+
+// Run starts the agent and reconciles until ctx ends or the source fails.
+// When it returns every pod's listeners are closed (so pods fail open);
+// with CleanupOnExit the pods are detached too.
+func (a *Agent) Run(ctx context.Context) error {
+	a.mu.Lock()
+	if a.running {
+		a.mu.Unlock()
+		return fmt.Errorf("%w: Run called twice", ErrConfig)
+	}
+	a.running = true
+	a.started = time.Now()
+	a.mu.Unlock()
+
+	if a.cfg.SelfCgroup != "" {
+		if err := a.cfg.Attacher.AttachSelf(a.cfg.SelfCgroup); err != nil {
+			return fmt.Errorf("agent: attach egret's own cgroup %s: %w", a.cfg.SelfCgroup, err)
+		}
+	}
+	srcCtx, stopSrc := context.WithCancel(ctx)
+	defer stopSrc()
+	events := make(chan pods.Event)
+	srcErr := make(chan error, 1)
+	go func() { srcErr <- a.cfg.Source.Run(srcCtx, events) }()
+
+	tick := time.NewTicker(a.cfg.RetryInterval)
+	defer tick.Stop()
+	var err error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err = <-srcErr:
+			if ctx.Err() != nil {
+				err = nil
+			} else {
+				err = fmt.Errorf("agent: pod source: %w", err)
+			}
+			break loop
+		case ev := <-events:
+			a.handle(ev)
+		case <-tick.C:
+			a.retryFailed()
+		}
+	}
+	stopSrc()
+	a.stopAll()
+	return err
+}
+
+func (a *Agent) handle(ev pods.Event) {
+	a.m.events.WithLabelValues(ev.Kind.String()).Inc()
+	switch ev.Kind {
+	case pods.Added, pods.Updated:
+		a.put(ev.Pod)
+	case pods.Removed:
+		a.remove(ev.Pod.Name)
+	case pods.Synced:
+		a.collect()
+	}
+	a.updateGauges()
+}
+
+func (a *Agent) put(p pods.Pod) {
+	a.mu.Lock()
+	ps := a.pods[p.Name]
+	a.mu.Unlock()
+	if ps != nil && ps.state == StateRunning && ps.pod.Cgroup == p.Cgroup &&
+		ps.pod.Netns == p.Netns && ps.pod.ListenPort == p.ListenPort {
+		// Same place: update the kernel config and the policy in place.
+		if err := ps.update(a, p); err != nil {
+			a.log.Error("pod update failed", "pod", p.Name, "err", err)
+			a.m.failures.WithLabelValues("update").Inc()
+		} else {
+			a.log.Info("pod updated", "pod", p.Name)
+		}
+		return
+	}
+	if ps != nil {
+		a.stopPod(ps, true)
+	}
+	a.startPod(p)
+}
+
+func (a *Agent) startPod(p pods.Pod) {
+	start := time.Now()
+	ps, err := a.newPod(p)
+	if err != nil {
+		a.m.failures.WithLabelValues("start").Inc()
+		a.log.Error("pod start failed", "pod", p.Name, "err", err)
+		ps = &podState{pod: p, state: StateFailed, err: err, since: time.Now()}
+	} else {
+		a.m.startTime.Observe(time.Since(start).Seconds())
+		a.log.Info("pod running", "pod", p.Name, "cgroup", p.Cgroup, "netns", ps.ns.Path(),
+			"listen", ps.listenStrings(), "cgroup_id", ps.cgid, "took", time.Since(start).Round(time.Microsecond))
+	}
+	a.mu.Lock()
+	a.pods[p.Name] = ps
+	a.mu.Unlock()
+}
+
+func (a *Agent) remove(name string) {
+	a.mu.Lock()
+	ps := a.pods[name]
+	delete(a.pods, name)
+	a.mu.Unlock()
+	if ps != nil {
+		a.stopPod(ps, true)
+		a.log.Info("pod removed", "pod", name)
+	}
+}
+
+func (a *Agent) stopPod(ps *podState, detach bool) {
+	if err := ps.stop(a, detach); err != nil {
+		a.m.failures.WithLabelValues("stop").Inc()
+		a.log.Error("pod stop", "pod", ps.pod.Name, "err", err)
+	}
+}
+
+func (a *Agent) retryFailed() {
+	a.mu.Lock()
+	var failed []pods.Pod
+	for _, ps := range a.pods {
+		if ps.state == StateFailed {
+			failed = append(failed, ps.pod)
+		}
+	}
+	a.mu.Unlock()
+	for _, p := range failed {
+		a.startPod(p)
+	}
+	if len(failed) > 0 {
+		a.updateGauges()
+	}
+}
+
+// collect detaches pods pinned by an earlier agent that the source no
+// longer names (their listeners are gone, so they were failing open).
+func (a *Agent) collect() {
+	ids, err := a.cfg.Attacher.Pods()
+	if err != nil {
+		a.log.Error("list pinned pods", "err", err)
+		return
+	}
+	a.mu.Lock()
+	a.synced = true
+	known := map[uint64]bool{}
+	for _, ps := range a.pods {
+		if ps.cgid != 0 {
+			known[ps.cgid] = true
+		}
+	}
+	a.mu.Unlock()
+	for _, id := range ids {
+		if known[id] {
+			continue
+		}
+		if err := a.cfg.Attacher.DetachPodID(id); err != nil {
+			a.log.Error("detach stale pod", "cgroup_id", id, "err", err)
+			continue
+		}
+		a.m.collected.Inc()
+		a.log.Info("stale pod detached", "cgroup_id", id)
+	}
+}
+
+func (a *Agent) stopAll() {
+	a.mu.Lock()
+	all := make([]*podState, 0, len(a.pods))
+	for _, ps := range a.pods {
+		all = append(all, ps)
+	}
+	a.pods = map[string]*podState{}
+	a.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ps := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.stopPod(ps, a.cfg.CleanupOnExit)
+		}()
+	}
+	wg.Wait()
+	if a.cfg.CleanupOnExit && a.cfg.SelfCgroup != "" {
+		if err := a.cfg.Attacher.DetachSelf(a.cfg.SelfCgroup); err != nil {
+			a.log.Error("detach egret's own cgroup", "err", err)
+		}
+	}
+	a.updateGauges()
+}
+
+func (a *Agent) updateGauges() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := map[string]int{StateRunning: 0, StateFailed: 0}
+	for _, ps := range a.pods {
+		n[ps.state]++
+	}
+	for s, v := range n {
+		a.m.pods.WithLabelValues(s).Set(float64(v))
+	}
+}
+
+// PodStatus is what the agent knows of one pod (the admin API's answer).
+type PodStatus struct {
+	Name     string    `json:"name"`
+	State    string    `json:"state"`
+	Error    string    `json:"error,omitempty"`
+	Cgroup   string    `json:"cgroup"`
+	CgroupID uint64    `json:"cgroup_id,omitempty"`
+	Netns    string    `json:"netns"`
+	Listen   []string  `json:"listen,omitempty"`
+	Since    time.Time `json:"since"`
+	// Connections are the pod's client connections open now.
+	Policy string `json:"policy,omitempty"`
+}
+
+// Pods returns the status of every pod, by name.
+func (a *Agent) Pods() []PodStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]PodStatus, 0, len(a.pods))
+	for _, ps := range a.pods {
+		out = append(out, ps.status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Pod returns the status of one pod.
+func (a *Agent) Pod(name string) (PodStatus, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps, ok := a.pods[name]
+	if !ok {
+		return PodStatus{}, fmt.Errorf("%w: %s", ErrNoPod, name)
+	}
+	return ps.status(), nil
+}
+
+// Status is the agent's summary.
+type Status struct {
+	Started time.Time `json:"started"`
+	Synced  bool      `json:"synced"`
+	Pods    int       `json:"pods"`
+	Running int       `json:"running"`
+	Failed  int       `json:"failed"`
+	Traces  int       `json:"traces"`
+}
+
+// Status returns the agent's summary.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := Status{Started: a.started, Synced: a.synced, Pods: len(a.pods), Traces: a.traces.Len()}
+	for _, ps := range a.pods {
+		if ps.state == StateRunning {
+			s.Running++
+		} else {
+			s.Failed++
+		}
+	}
+	return s
+}
+
+// UpstreamStatus is one upstream's node-wide retry budget.
+type UpstreamStatus struct {
+	Upstream string  `json:"upstream"`
+	Tokens   float64 `json:"tokens"`
+}
+
+// Upstreams returns the node-wide budgets of the upstreams seen so far.
+func (a *Agent) Upstreams() []UpstreamStatus {
+	var out []UpstreamStatus
+	now := time.Now()
+	a.budgets.Each(func(u string, b *engine.Budget) {
+		out = append(out, UpstreamStatus{Upstream: u, Tokens: b.Tokens(now)})
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Upstream < out[j].Upstream })
+	return out
+}
+
+func listenAddrs(port uint16) (netip.AddrPort, netip.AddrPort) {
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port),
+		netip.AddrPortFrom(netip.IPv6Loopback(), port)
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort()
+	}
+	return netip.AddrPort{}
+}

@@ -1,0 +1,100 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+)
+
+// Fake is an in-memory Attacher: it records attachments by cgroup path
+// and redirects nothing. Tests of the reconcile loop use it without root.
+type Fake struct {
+	mu     sync.Mutex
+	nextID uint64
+	ids    map[string]uint64
+	pods   map[uint64]bpfload.PodConfig
+	self   map[string]bool
+	// Fail, if set, makes AttachPod of that cgroup fail.
+	Fail map[string]error
+}
+
+var _ Attacher = (*Fake)(nil)
+
+// NewFake returns an empty Fake.
+func NewFake() *Fake {
+	return &Fake{ids: map[string]uint64{}, pods: map[uint64]bpfload.PodConfig{}, self: map[string]bool{}, Fail: map[string]error{}}
+}
+
+// AttachPod implements Attacher.
+func (f *Fake) AttachPod(cgroupPath string, cfg bpfload.PodConfig) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.Fail[cgroupPath]; err != nil {
+		return 0, err
+	}
+	id, ok := f.ids[cgroupPath]
+	if !ok {
+		f.nextID++
+		id = f.nextID
+		f.ids[cgroupPath] = id
+	}
+	f.pods[id] = cfg
+	return id, nil
+}
+
+// DetachPodID implements Attacher.
+func (f *Fake) DetachPodID(id uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.pods[id]; !ok {
+		return fmt.Errorf("fake: pod %d not attached", id)
+	}
+	delete(f.pods, id)
+	return nil
+}
+
+// Pods implements Attacher.
+func (f *Fake) Pods() ([]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ids := make([]uint64, 0, len(f.pods))
+	for id := range f.pods {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids, nil
+}
+
+// Config returns the config attached for a cgroup path.
+func (f *Fake) Config(cgroupPath string) (bpfload.PodConfig, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id, ok := f.ids[cgroupPath]
+	if !ok {
+		return bpfload.PodConfig{}, false
+	}
+	c, ok := f.pods[id]
+	return c, ok
+}
+
+// AttachSelf implements Attacher.
+func (f *Fake) AttachSelf(cgroupPath string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.self[cgroupPath] = true
+	return nil
+}
+
+// DetachSelf implements Attacher.
+func (f *Fake) DetachSelf(cgroupPath string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.self[cgroupPath] {
+		return errors.New("fake: self not attached")
+	}
+	delete(f.self, cgroupPath)
+	return nil
+}

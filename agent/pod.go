@@ -1,0 +1,230 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/netns"
+	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/proxy"
+	"github.com/egret-proxy/egret/proxy/policy"
+)
+
+// podState is one pod's runtime: its namespace, listeners, proxy and
+// attachment.
+type podState struct {
+	pod    pods.Pod
+	state  string
+	err    error
+	since  time.Time
+	cgid   uint64
+	ns     *netns.NS
+	listen []netip.AddrPort
+	srv    *proxy.Server
+	policy *podPolicy
+	served sync.WaitGroup
+}
+
+func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
+	ps := &podState{pod: p, state: StateRunning, since: time.Now()}
+	defer func() {
+		if err != nil {
+			ps.stop(a, true)
+		}
+	}()
+	if ps.ns, err = netns.Open(p.Netns); err != nil {
+		return nil, err
+	}
+	port := p.ListenPort
+	if port == 0 {
+		port = a.cfg.ListenPort
+	}
+	l4, l6 := listenAddrs(port)
+	ctx := context.Background()
+	ln4, err := ps.ns.Listen(ctx, "tcp4", l4.String())
+	if err != nil {
+		return nil, fmt.Errorf("listen %s in %s: %w", l4, ps.ns.Path(), err)
+	}
+	lns := []net.Listener{ln4}
+	ps.listen = []netip.AddrPort{addrPortOf(ln4.Addr())}
+	// IPv6 is optional: a namespace without ::1 (IPv6 disabled) gets
+	// IPv4 redirection only.
+	if ln6, err6 := ps.ns.Listen(ctx, "tcp6", l6.String()); err6 == nil {
+		lns = append(lns, ln6)
+		ps.listen = append(ps.listen, addrPortOf(ln6.Addr()))
+	} else {
+		a.log.Warn("no IPv6 listener; IPv6 connects go direct", "pod", p.Name, "err", err6)
+	}
+
+	ps.policy = newPodPolicy(a.cfg.Policy, p)
+	pc := a.cfg.Proxy
+	pc.Mode = proxy.Transparent
+	pc.Resolver = bpfResolver{listeners: ps.listen}
+	pc.Policy = ps.policy
+	d := &netns.Dialer{NS: ps.ns, Mark: a.cfg.Mark, Timeout: pc.DialTimeout}
+	pc.Dial = d.DialContext
+	if a.cfg.WrapDial != nil {
+		pc.Dial = a.cfg.WrapDial(p.Name, pc.Dial)
+	}
+	pc.Witness = a.cfg.Witness
+	pc.Budgets = a.budgets
+	pc.Bulkheads = a.bulkheads
+	pc.Traces = a.traces
+	pc.Metrics = a.pmetrics
+	pc.Logger = a.log.With("pod", p.Name)
+	srv, err := proxy.New(pc)
+	if err != nil {
+		for _, l := range lns {
+			l.Close()
+		}
+		return nil, err
+	}
+	ps.srv = srv
+	for _, l := range lns {
+		ps.served.Add(1)
+		go func() {
+			defer ps.served.Done()
+			if err := srv.Serve(l); err != nil && !errors.Is(err, proxy.ErrServerClosed) {
+				a.log.Error("serve", "pod", p.Name, "listener", l.Addr().String(), "err", err)
+			}
+		}()
+	}
+	// Attach last: from now on the pod's connects come to a ready proxy.
+	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig()); err != nil {
+		return nil, fmt.Errorf("attach to cgroup %s: %w", p.Cgroup, err)
+	}
+	return ps, nil
+}
+
+func (ps *podState) kernelConfig() bpfload.PodConfig {
+	cfg := bpfload.PodConfig{
+		ExcludePorts:      ps.pod.Exclude.Ports,
+		ExcludePrefixes:   ps.pod.Exclude.CIDRs,
+		NoDefaultExcludes: ps.pod.Exclude.NoDefaultPorts,
+		RedirectLoopback:  ps.pod.RedirectLoopback,
+	}
+	for _, l := range ps.listen {
+		if l.Addr().Is4() {
+			cfg.Listen4 = l
+		} else {
+			cfg.Listen6 = l
+		}
+	}
+	return cfg
+}
+
+// update applies a changed pod that stays in the same cgroup, namespace
+// and port: exclusions and policy change in place.
+func (ps *podState) update(a *Agent, p pods.Pod) error {
+	old := ps.pod
+	ps.pod = p
+	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig()); err != nil {
+		ps.pod = old
+		return err
+	}
+	ps.policy.set(p)
+	return nil
+}
+
+// stop detaches the pod (when detach is set) and drains its proxy.
+func (ps *podState) stop(a *Agent, detach bool) error {
+	var errs []error
+	if detach && ps.cgid != 0 {
+		if err := a.cfg.Attacher.DetachPodID(ps.cgid); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("detach: %w", err))
+		}
+	}
+	if ps.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGrace)
+		if err := ps.srv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("drain: %w", err))
+		}
+		cancel()
+		ps.served.Wait()
+	}
+	if ps.ns != nil {
+		ps.ns.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func (ps *podState) listenStrings() []string {
+	out := make([]string, len(ps.listen))
+	for i, l := range ps.listen {
+		out[i] = l.String()
+	}
+	return out
+}
+
+func (ps *podState) status() PodStatus {
+	s := PodStatus{
+		Name: ps.pod.Name, State: ps.state, Cgroup: ps.pod.Cgroup, CgroupID: ps.cgid,
+		Netns: ps.pod.Netns, Listen: ps.listenStrings(), Since: ps.since,
+	}
+	if s.Netns == "" {
+		s.Netns = "host"
+	}
+	if ps.err != nil {
+		s.Error = ps.err.Error()
+	}
+	if ps.policy != nil {
+		s.Policy = ps.policy.Current().Source
+	}
+	return s
+}
+
+// podPolicy is a pod's PolicySource: the node's policy with the pod's
+// override laid over it, rebuilt when either changes. An override that no
+// longer fits the node policy is logged and the node policy used.
+type podPolicy struct {
+	base proxy.PolicySource
+
+	mu       sync.Mutex
+	name     string
+	override []byte
+	lastBase *policy.Policy
+	cur      *policy.Policy
+}
+
+var _ proxy.PolicySource = (*podPolicy)(nil)
+
+func newPodPolicy(base proxy.PolicySource, p pods.Pod) *podPolicy {
+	if base == nil {
+		base = proxy.StaticPolicy{P: policy.Default()}
+	}
+	pp := &podPolicy{base: base}
+	pp.set(p)
+	return pp
+}
+
+func (pp *podPolicy) set(p pods.Pod) {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	pp.name = "pod " + p.Name
+	pp.override = p.Policy
+	pp.lastBase, pp.cur = nil, nil
+}
+
+func (pp *podPolicy) Current() *policy.Policy {
+	b := pp.base.Current()
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if len(pp.override) == 0 {
+		return b
+	}
+	if b != pp.lastBase || pp.cur == nil {
+		o, err := policy.Overlay(b, pp.name, pp.override)
+		if err != nil {
+			o = b
+		}
+		pp.lastBase, pp.cur = b, o
+	}
+	return pp.cur
+}

@@ -1,0 +1,188 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/egret-proxy/egret/agent"
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/proxy"
+	"github.com/egret-proxy/egret/proxy/policy"
+)
+
+func agentCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "agent",
+		Usage: "run the node agent: put the pods of a pods file behind egret with eBPF",
+		Description: "For each pod of --pods (a cgroup v2 and a network namespace) the agent opens\n" +
+			"egret's listener inside the pod's namespace, runs a transparent proxy on it that\n" +
+			"dials upstreams from the same namespace, and attaches egret's eBPF programs to the\n" +
+			"pod's cgroup so that its outbound TCP connects go to that listener. The pods file\n" +
+			"is reloaded on change. Needs root and a kernel with cgroup v2, BTF and the eBPF\n" +
+			"program types named in errors.\n\n" +
+			"SIGTERM or SIGINT: listeners close (pods' connects go direct), in-flight requests\n" +
+			"finish within --grace, and the pinned eBPF state stays for the next agent to adopt\n" +
+			"(--cleanup removes it instead). If the agent dies, pods fail open the same way.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "pods", Required: true, Usage: "pods `FILE` (YAML; see agent/pods/README.md)"},
+			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` for every pod (watched; default: the embedded defaults)"},
+			&cli.StringFlag{Name: "pin-dir", Value: bpfload.DefaultPinDir, Usage: "bpffs `DIR` for egret's maps and links"},
+			&cli.UintFlag{Name: "listen-port", Value: agent.DefaultListenPort, Usage: "`PORT` of each pod's listeners on 127.0.0.1 and ::1 in its namespace"},
+			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one, or " + agent.DefaultSelfCgroup + " when started in the root)"},
+			&cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "unix `SOCKET` of the admin API (\"\" for none)"},
+			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics on `ADDR` (default: off)"},
+			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
+			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
+			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+		},
+		Action: runAgent,
+	}
+}
+
+func newLogger(c *cli.Context) (*slog.Logger, error) {
+	switch c.String("log-format") {
+	case "text":
+		return slog.New(slog.NewTextHandler(c.App.ErrWriter, nil)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, nil)), nil
+	}
+	return nil, cli.Exit("--log-format must be text or json", 2)
+}
+
+// kernelError turns a loader error into the message and status the
+// commands exit with: what is missing, exactly.
+func kernelError(err error) error {
+	switch {
+	case errors.Is(err, bpfload.ErrNotRoot):
+		return cli.Exit("needs root: loading eBPF programs and attaching them to cgroups needs euid 0 (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN); run it with sudo", 1)
+	case errors.Is(err, bpfload.ErrFeature):
+		return cli.Exit(err.Error(), 1)
+	}
+	return cli.Exit(fmt.Sprintf("eBPF: %v", err), 1)
+}
+
+func runAgent(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return cli.Exit("agent takes no arguments", 2)
+	}
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return kernelError(bpfload.ErrNotRoot)
+	}
+	port := c.Uint("listen-port")
+	if port == 0 || port > 65535 {
+		return cli.Exit("--listen-port must be 1..65535", 2)
+	}
+	src, err := pods.NewFile(c.String("pods"))
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	if err := bpfload.Probe(); err != nil {
+		return kernelError(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	var pol proxy.PolicySource = proxy.StaticPolicy{P: policy.Default()}
+	if f := c.String("policy"); f != "" {
+		w, err := policy.NewWatcher(f, log, reg)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("policy: %v", err), 2)
+		}
+		go w.Run(ctx)
+		pol = w
+	}
+
+	self := c.String("cgroup")
+	if self == "" {
+		self, err = agent.SelfCgroupFor(agent.DefaultSelfCgroup)
+	} else {
+		err = agent.EnterCgroup(self)
+	}
+	if err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
+	l, err := bpfload.Load(bpfload.Options{PinDir: c.String("pin-dir")})
+	if err != nil {
+		return kernelError(err)
+	}
+	adopted, _ := l.Pods()
+
+	a, err := agent.New(agent.Config{
+		Attacher:      l,
+		Source:        src,
+		SelfCgroup:    self,
+		Mark:          l.Mark(),
+		Witness:       l.Witness(),
+		ListenPort:    uint16(port),
+		Policy:        pol,
+		ShutdownGrace: c.Duration("grace"),
+		CleanupOnExit: c.Bool("cleanup"),
+		Logger:        log,
+		Registerer:    reg,
+	})
+	if err != nil {
+		l.Close()
+		return cli.Exit(err.Error(), 1)
+	}
+	src.OnError = a.SourceError
+	src.OnReload = func(n int) { log.Info("pods file reloaded", "pods", n) }
+
+	if sock := c.String("admin"); sock != "" {
+		go func() {
+			if err := a.ServeAdmin(ctx, sock); err != nil {
+				log.Error("admin API", "err", err)
+			}
+		}()
+	}
+	if addr := c.String("metrics"); addr != "" {
+		mln, err := net.Listen("tcp", addr)
+		if err != nil {
+			l.Close()
+			return cli.Exit("--metrics: "+err.Error(), 1)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go ms.Serve(mln)
+		defer ms.Close()
+		log.Info("egret metrics", "addr", mln.Addr().String(), "path", "/metrics")
+	}
+	log.Info("egret agent running", "pods_file", src.Path(), "pods", len(src.Pods()), "pin_dir", l.PinDir(),
+		"cgroup", self, "listen_port", port, "adopted_pods", len(adopted), "admin", c.String("admin"))
+
+	runErr := a.Run(ctx)
+	if c.Bool("cleanup") {
+		if err := l.Remove(); err != nil {
+			log.Error("remove pinned state", "err", err)
+		}
+		log.Info("egret agent stopped; eBPF state removed")
+	} else {
+		log.Info("egret agent stopped; pinned eBPF state left for the next agent (pods go direct meanwhile)", "pin_dir", l.PinDir())
+	}
+	l.Close()
+	if runErr != nil {
+		return cli.Exit(runErr.Error(), 1)
+	}
+	return nil
+}

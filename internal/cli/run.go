@@ -1,0 +1,318 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/egret-proxy/egret/agent"
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/netns"
+	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/proxy"
+	"github.com/egret-proxy/egret/proxy/policy"
+)
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "run a command with its outbound TCP connections transparently behind egret",
+		ArgsUsage: "-- CMD [ARGS...]",
+		Description: "Starts CMD in a fresh cgroup v2 that egret's eBPF programs redirect (loopback\n" +
+			"destinations included), with an agent for it alone, so that a plain client such as\n" +
+			"curl gets egret's truthful retries without knowing it (answers carry Egret-Attempts).\n" +
+			"--netns host (default) keeps the host's network namespace; --netns new gives CMD a\n" +
+			"namespace of its own with only a loopback. Everything egret set up is removed when\n" +
+			"CMD exits; egret exits with CMD's status. Needs root.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "netns", Value: "host", Usage: "network namespace of CMD: host or new"},
+			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (default: the embedded defaults)"},
+			&cli.UintFlag{Name: "listen-port", Usage: "`PORT` of egret's listener (default: a free one)"},
+			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log only warnings and errors"},
+		},
+		Action: runRun,
+	}
+}
+
+func randSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// freePort finds a TCP port free on both loopback addresses of the
+// current namespace.
+func freePort() (uint16, error) {
+	for range 20 {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l6, err := net.Listen("tcp6", net.JoinHostPort("::1", strconv.Itoa(port)))
+		l.Close()
+		if err == nil {
+			l6.Close()
+			return uint16(port), nil
+		}
+	}
+	return 0, errors.New("no free port")
+}
+
+func runRun(c *cli.Context) error {
+	args := c.Args().Slice()
+	if len(args) == 0 {
+		return cli.Exit("run needs a command: egret run [--netns host|new] -- CMD [ARGS...]", 2)
+	}
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	if c.Bool("quiet") {
+		log = slog.New(levelHandler{slog.LevelWarn, log.Handler()})
+	}
+	mode := c.String("netns")
+	if mode != "host" && mode != "new" {
+		return cli.Exit("--netns must be host or new", 2)
+	}
+	if _, err := exec.LookPath(args[0]); err != nil {
+		return cli.Exit(err.Error(), 127)
+	}
+	if err := bpfload.Probe(); err != nil {
+		return kernelError(err)
+	}
+	var pol proxy.PolicySource = proxy.StaticPolicy{P: policy.Default()}
+	if f := c.String("policy"); f != "" {
+		p, err := policy.Load(f)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("policy: %v", err), 2)
+		}
+		pol = proxy.StaticPolicy{P: p}
+	}
+
+	r := &runEnv{name: "egret-run-" + randSuffix(), log: log}
+	defer r.cleanup()
+	if err := r.setup(mode); err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
+	port := uint16(c.Uint("listen-port"))
+	if port == 0 {
+		if err := r.ns.Do(func() error {
+			var err error
+			port, err = freePort()
+			return err
+		}); err != nil {
+			return cli.Exit(err.Error(), 1)
+		}
+	}
+
+	r.loader, err = bpfload.Load(bpfload.Options{PinDir: filepath.Join(bpfload.BPFFSRoot, r.name)})
+	if err != nil {
+		return kernelError(err)
+	}
+	pod := pods.Pod{Name: "run", Cgroup: r.cmdCg, Netns: r.nsPath, ListenPort: port, RedirectLoopback: true}
+	src, err := pods.NewMemory(pod)
+	if err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
+	a, err := agent.New(agent.Config{
+		Attacher:      r.loader,
+		Source:        src,
+		SelfCgroup:    r.selfCg,
+		Mark:          r.loader.Mark(),
+		Witness:       r.loader.Witness(),
+		Policy:        pol,
+		ShutdownGrace: 2 * time.Second,
+		CleanupOnExit: true,
+		Logger:        log,
+	})
+	if err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.stopAgent = func() {
+		cancel()
+		<-r.agentDone
+	}
+	r.agentDone = make(chan struct{})
+	go func() {
+		defer close(r.agentDone)
+		if err := a.Run(ctx); err != nil {
+			log.Error("agent", "err", err)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := a.Pod("run")
+		if err == nil && st.State == agent.StateRunning {
+			break
+		}
+		if err == nil && st.State == agent.StateFailed {
+			return cli.Exit("egret could not put the command behind it: "+st.Error, 1)
+		}
+		if time.Now().After(deadline) {
+			return cli.Exit("egret did not become ready in 10s", 1)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cgf, err := os.Open(r.cmdCg)
+	if err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
+	defer cgf.Close()
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
+	// The child is forked on a thread inside the namespace and keeps it.
+	if err := r.ns.Do(cmd.Start); err != nil {
+		return cli.Exit(err.Error(), 126)
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go func() {
+		for s := range sigs {
+			_ = cmd.Process.Signal(s)
+		}
+	}()
+	werr := cmd.Wait()
+	code := 0
+	if werr != nil {
+		var ee *exec.ExitError
+		if !errors.As(werr, &ee) {
+			return cli.Exit(werr.Error(), 1)
+		}
+		code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+	}
+	r.cleanup()
+	if code != 0 {
+		return cli.Exit("", code)
+	}
+	return nil
+}
+
+// runEnv is what `egret run` sets up and must take down.
+type runEnv struct {
+	name      string
+	log       *slog.Logger
+	top       string // cgroup holding selfCg and cmdCg
+	selfCg    string
+	cmdCg     string
+	origCg    string
+	ns        *netns.NS
+	nsPath    string // "" for host
+	newNs     bool
+	loader    *bpfload.Loader
+	stopAgent func()
+	agentDone chan struct{}
+	done      bool
+}
+
+func (r *runEnv) setup(mode string) error {
+	var err error
+	if r.origCg, err = agent.CurrentCgroup(); err != nil {
+		return err
+	}
+	r.top = filepath.Join(bpfload.CgroupRoot, r.name)
+	r.selfCg = filepath.Join(r.top, "egret")
+	r.cmdCg = filepath.Join(r.top, "cmd")
+	if err := os.MkdirAll(r.cmdCg, 0o755); err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	if err := agent.EnterCgroup(r.selfCg); err != nil {
+		return err
+	}
+	if mode == "new" {
+		r.ns, err = netns.NewNamed(r.name)
+		if err != nil {
+			return err
+		}
+		r.newNs = true
+		r.nsPath = r.ns.Path()
+	} else {
+		r.ns = netns.Host()
+	}
+	return nil
+}
+
+func (r *runEnv) cleanup() {
+	if r.done {
+		return
+	}
+	r.done = true
+	if r.stopAgent != nil {
+		r.stopAgent()
+	}
+	if r.loader != nil {
+		if err := r.loader.Remove(); err != nil {
+			r.log.Error("remove eBPF state", "err", err)
+		}
+		r.loader.Close()
+	}
+	if r.ns != nil {
+		r.ns.Close()
+	}
+	if r.newNs {
+		if err := netns.DeleteNamed(r.name); err != nil {
+			r.log.Error("remove namespace", "err", err)
+		}
+	}
+	if r.origCg != "" {
+		if err := agent.EnterCgroup(r.origCg); err != nil {
+			r.log.Error("leave cgroup", "err", err)
+		}
+	}
+	if r.top != "" {
+		// Whatever CMD left running in its cgroup goes with it.
+		_ = os.WriteFile(filepath.Join(r.cmdCg, "cgroup.kill"), []byte("1"), 0)
+		for _, d := range []string{r.cmdCg, r.selfCg, r.top} {
+			var err error
+			for range 100 {
+				if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+					err = nil
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err != nil {
+				r.log.Error("remove cgroup", "dir", d, "err", err)
+			}
+		}
+	}
+}
+
+// levelHandler drops records below a level.
+type levelHandler struct {
+	min slog.Level
+	slog.Handler
+}
+
+func (h levelHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h levelHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return levelHandler{h.min, h.Handler.WithAttrs(as)}
+}
+
+func (h levelHandler) WithGroup(name string) slog.Handler {
+	return levelHandler{h.min, h.Handler.WithGroup(name)}
+}
