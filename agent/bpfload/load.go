@@ -201,19 +201,44 @@ func ensureBPFFS(dir string) error {
 	}
 	// The pin directory's parent is not bpffs: mount one at BPFFSRoot (the
 	// only place we mount), then check again.
-	if err := unix.Statfs(BPFFSRoot, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
-		if err := os.MkdirAll(BPFFSRoot, 0o755); err != nil {
-			return &FeatureError{Feature: "bpffs", Need: "pinning", Err: err}
-		}
-		if err := unix.Mount("bpf", BPFFSRoot, "bpf", 0, "mode=0700"); err != nil {
-			return &FeatureError{Feature: "bpffs (mount -t bpf bpf " + BPFFSRoot + ")", Need: "pinning", Err: err}
-		}
+	if err := mountBPFFS(); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("bpfload: %w", err)
 	}
 	if err := unix.Statfs(dir, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
 		return &FeatureError{Feature: "bpffs at " + dir, Need: "pinning", Err: err}
+	}
+	return nil
+}
+
+// mountBPFFS mounts bpffs at BPFFSRoot unless one is there. The check and
+// the mount happen under an flock on the directory as it is before the
+// mount, so concurrent loaders (parallel test binaries on a fresh machine)
+// do not stack two mounts.
+func mountBPFFS() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(BPFFSRoot, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(BPFFSRoot, 0o755); err != nil {
+		return &FeatureError{Feature: "bpffs", Need: "pinning", Err: err}
+	}
+	d, err := os.Open(BPFFSRoot)
+	if err != nil {
+		return &FeatureError{Feature: "bpffs", Need: "pinning", Err: err}
+	}
+	defer d.Close()
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("bpfload: lock %s: %w", BPFFSRoot, err)
+	}
+	defer unix.Flock(int(d.Fd()), unix.LOCK_UN)
+	if err := unix.Statfs(BPFFSRoot, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := unix.Mount("bpf", BPFFSRoot, "bpf", 0, "mode=0700"); err != nil {
+		return &FeatureError{Feature: "bpffs (mount -t bpf bpf " + BPFFSRoot + ")", Need: "pinning", Err: err}
 	}
 	return nil
 }

@@ -254,3 +254,52 @@ func TestSelfCgroup(t *testing.T) {
 		t.Fatalf("SelfCgroup %s: %v", p, err)
 	}
 }
+
+// Load mounts bpffs when /sys/fs/bpf has none. Run in a private mount
+// namespace (unshare -m) so that the machine's own bpffs is not touched.
+func TestLoadMountsBPFFS(t *testing.T) {
+	if os.Getenv("EGRET_BPFFS_CHILD") == "1" {
+		loadMountsBPFFSChild(t)
+		return
+	}
+	testenv.RequireRoot(t)
+	unshare, err := exec.LookPath("unshare")
+	testenv.Require(t, err == nil, "unshare (util-linux)")
+	cmd := exec.Command(unshare, "-m", "--propagation", "private", os.Args[0], "-test.run=^TestLoadMountsBPFFS$", "-test.v")
+	cmd.Env = append(os.Environ(), "EGRET_BPFFS_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	t.Logf("child:\n%s", out)
+}
+
+func loadMountsBPFFSChild(t *testing.T) {
+	isBPFFS := func() bool {
+		var st unix.Statfs_t
+		return unix.Statfs(bpfload.BPFFSRoot, &st) == nil && st.Type == unix.BPF_FS_MAGIC
+	}
+	for i := 0; isBPFFS() && i < 10; i++ {
+		if err := unix.Unmount(bpfload.BPFFSRoot, unix.MNT_DETACH); err != nil {
+			t.Fatalf("umount in private namespace: %v", err)
+		}
+	}
+	if isBPFFS() {
+		t.Fatal("bpffs still mounted")
+	}
+	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	l, err := bpfload.Load(bpfload.Options{PinDir: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !isBPFFS() {
+		t.Fatal("Load did not mount bpffs")
+	}
+	if _, err := os.Stat(filepath.Join(pin, "egret_pods")); err != nil {
+		t.Fatalf("pinned map: %v", err)
+	}
+	if err := l.Remove(); err != nil {
+		t.Fatal(err)
+	}
+}
