@@ -1,0 +1,533 @@
+// Command bench measures egret against a direct connection and HAProxy on
+// loopback, in one run: keep-alive GETs and 4 KiB POSTs driven by wrk, then
+// the memory each idle client connection costs egret (and HAProxy).
+//
+//	go run ./test/bench [-duration 10s] [-conns 32] [-threads 2] [-idle 2000]
+//
+// Not part of CI. It needs wrk and haproxy (Debian's packages) on PATH or
+// given by flag; it builds egret itself from this module.
+//
+// Why wrk: it is C on epoll and spends little CPU per request, so on a small
+// machine the load generator takes as little as possible from the proxies
+// under test, and the same generator measures all three targets the same way
+// (closed loop, keep-alive, its own latency histogram).
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+var (
+	duration = flag.Duration("duration", 10*time.Second, "length of each measured wrk run")
+	warmup   = flag.Duration("warmup", 2*time.Second, "length of the unmeasured run before each target's first measurement")
+	conns    = flag.Int("conns", 32, "wrk connections")
+	threads  = flag.Int("threads", 2, "wrk threads")
+	rounds   = flag.Int("rounds", 1, "measured runs per target and workload (the median is reported)")
+	idleN    = flag.Int("idle", 2000, "idle keep-alive connections opened for the memory measurement (0: skip)")
+	wrkBin   = flag.String("wrk", "wrk", "wrk binary")
+	haproxy  = flag.String("haproxy", "/usr/sbin/haproxy", "haproxy binary")
+	egretBin = flag.String("egret", "", "egret binary (default: go build ./cmd/egret)")
+	keep     = flag.Bool("keep", false, "keep the work directory (configs, logs)")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// result is one wrk run.
+type result struct {
+	rps      float64
+	p50, p99 time.Duration
+	non2xx   int
+	errors   int
+}
+
+type target struct {
+	name string
+	addr string // host:port wrk connects to
+	path string // request target wrk sends (absolute-form for egret)
+	pid  int    // process to measure (0: none)
+}
+
+func run() error {
+	raiseFileLimit()
+	dir, err := os.MkdirTemp("", "egret-bench-")
+	if err != nil {
+		return err
+	}
+	if *keep {
+		fmt.Println("work directory:", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	for _, b := range []string{*wrkBin, *haproxy} {
+		if _, err := exec.LookPath(b); err != nil {
+			return fmt.Errorf("%s not found: %w", b, err)
+		}
+	}
+
+	// The upstream: a plain net/http server in this process, answering 64
+	// bytes after reading the whole request body.
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	payload := []byte(strings.Repeat("x", 63) + "\n")
+	upSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Length", strconv.Itoa(len(payload)))
+		w.Write(payload)
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go upSrv.Serve(up)
+	defer upSrv.Close()
+	upAddr := up.Addr().String()
+
+	egret := *egretBin
+	if egret == "" {
+		egret = filepath.Join(dir, "egret")
+		fmt.Println("building egret...")
+		cmd := exec.Command("go", "build", "-o", egret, "github.com/egret-proxy/egret/cmd/egret")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("go build: %w", err)
+		}
+	}
+
+	egretAddr, metricsAddr := freeAddr(), freeAddr()
+	egretLog, err := os.Create(filepath.Join(dir, "egret.log"))
+	if err != nil {
+		return err
+	}
+	defer egretLog.Close()
+	// Embedded defaults: 3 attempts, the counterpart of HAProxy's retries 2.
+	eg := exec.Command(egret, "proxy", "--listen", egretAddr, "--metrics", metricsAddr)
+	eg.Stdout, eg.Stderr = egretLog, egretLog
+	if err := eg.Start(); err != nil {
+		return err
+	}
+	defer stop(eg)
+
+	hpAddr := freeAddr()
+	cfg := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfg, []byte(haproxyConfig(hpAddr, upAddr)), 0o644); err != nil {
+		return err
+	}
+	if out, err := exec.Command(*haproxy, "-c", "-f", cfg).CombinedOutput(); err != nil {
+		return fmt.Errorf("haproxy -c: %v\n%s", err, out)
+	}
+	hp := exec.Command(*haproxy, "-db", "-f", cfg)
+	hpLog, err := os.Create(filepath.Join(dir, "haproxy.log"))
+	if err != nil {
+		return err
+	}
+	defer hpLog.Close()
+	hp.Stdout, hp.Stderr = hpLog, hpLog
+	if err := hp.Start(); err != nil {
+		return err
+	}
+	defer stop(hp)
+
+	for _, a := range []string{egretAddr, hpAddr, metricsAddr} {
+		if err := waitListening(a, 10*time.Second); err != nil {
+			return err
+		}
+	}
+	targets := []target{
+		{name: "direct", addr: upAddr, path: "/"},
+		{name: "haproxy", addr: hpAddr, path: "/", pid: hp.Process.Pid},
+		{name: "egret", addr: egretAddr, path: "http://" + upAddr + "/", pid: eg.Process.Pid},
+	}
+	// egret must really be in the way: its answers carry Egret-Request-Id.
+	if err := checkEgret(egretAddr, upAddr); err != nil {
+		return err
+	}
+	fmt.Printf("upstream %s, haproxy %s (pid %d), egret %s (pid %d); %d cores, wrk -t%d -c%d -d%v\n\n",
+		upAddr, hpAddr, hp.Process.Pid, egretAddr, eg.Process.Pid, numCPU(), *threads, *conns, *duration)
+
+	// Memory first, on fresh processes, so that heap left by the load runs
+	// does not hide the cost of new connections.
+	if *idleN > 0 {
+		fmt.Printf("memory per idle keep-alive client connection (%d connections, each after one request):\n", *idleN)
+		for _, tg := range targets[1:] {
+			m, err := idleCost(tg, *idleN, metricsAddrFor(tg, metricsAddr))
+			if err != nil {
+				return fmt.Errorf("%s idle: %w", tg.name, err)
+			}
+			fmt.Printf("  %-8s RSS %+8.1f KiB/conn", tg.name, m.rss/1024)
+			if m.heap >= 0 {
+				fmt.Printf("   Go heap+stacks in use %+6.1f KiB/conn, goroutines %+.2f/conn", m.heap/1024, m.goroutines)
+			}
+			fmt.Println()
+		}
+		fmt.Println()
+	}
+
+	workloads := []struct {
+		name string
+		lua  string
+	}{
+		{"GET", "wrk.method = \"GET\"\n"},
+		{"POST 4KiB", "wrk.method = \"POST\"\nwrk.body = string.rep(\"p\", 4096)\nwrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n"},
+	}
+	type key struct{ w, t string }
+	results := map[key]result{}
+	for wi, w := range workloads {
+		for _, tg := range targets {
+			script := filepath.Join(dir, fmt.Sprintf("w%d-%s.lua", wi, tg.name))
+			lua := w.lua + fmt.Sprintf("wrk.path = %q\nwrk.headers[\"Host\"] = %q\n", tg.path, upAddr)
+			if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
+				return err
+			}
+			if *warmup > 0 {
+				if _, err := runWrk(tg.addr, script, *warmup); err != nil {
+					return err
+				}
+			}
+			var rs []result
+			for range *rounds {
+				r, err := runWrk(tg.addr, script, *duration)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", w.name, tg.name, err)
+				}
+				rs = append(rs, r)
+			}
+			sort.Slice(rs, func(i, j int) bool { return rs[i].rps < rs[j].rps })
+			results[key{w.name, tg.name}] = rs[len(rs)/2]
+		}
+	}
+
+	fmt.Printf("%-10s %-8s %12s %10s %10s %8s\n", "workload", "target", "requests/s", "p50", "p99", "non-2xx")
+	for _, w := range workloads {
+		for _, tg := range targets {
+			r := results[key{w.name, tg.name}]
+			fmt.Printf("%-10s %-8s %12.0f %10s %10s %8d\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors)
+		}
+	}
+	fmt.Println()
+	fmt.Println("ratios (egret / haproxy, egret / direct); added p99 = p99 - direct p99:")
+	for _, w := range workloads {
+		d, h, e := results[key{w.name, "direct"}], results[key{w.name, "haproxy"}], results[key{w.name, "egret"}]
+		added := "n/a: haproxy added none"
+		if h.p99 > d.p99 {
+			added = fmt.Sprintf("%.2f", float64(e.p99-d.p99)/float64(h.p99-d.p99))
+		}
+		fmt.Printf("  %-10s throughput egret/haproxy %.2f, egret/direct %.2f; p50 egret/haproxy %.2f, p99 egret/haproxy %.2f; added p99 egret %s vs haproxy %s (ratio %s)\n",
+			w.name, e.rps/h.rps, e.rps/d.rps, float64(e.p50)/float64(h.p50), float64(e.p99)/float64(h.p99),
+			fmtDur(e.p99-d.p99), fmtDur(h.p99-d.p99), added)
+	}
+	for _, w := range workloads {
+		for _, tg := range targets {
+			if r := results[key{w.name, tg.name}]; r.non2xx+r.errors > 0 {
+				return fmt.Errorf("%s %s: %d non-2xx answers or socket errors: the figures are not comparable", w.name, tg.name, r.non2xx+r.errors)
+			}
+		}
+	}
+	return nil
+}
+
+func haproxyConfig(listen, upstream string) string {
+	return fmt.Sprintf(`global
+    maxconn 8000
+defaults
+    mode http
+    timeout connect 10s
+    timeout client 30s
+    timeout server 30s
+    timeout http-keep-alive 90s
+    option http-keep-alive
+    retries 2
+    retry-on conn-failure empty-response response-timeout 503
+frontend fe
+    bind %s
+    default_backend be
+backend be
+    server up %s
+`, listen, upstream)
+}
+
+var (
+	reRPS     = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	reLat     = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s|m)\s*$`)
+	reNon2xx  = regexp.MustCompile(`Non-2xx or 3xx responses:\s+(\d+)`)
+	reSockErr = regexp.MustCompile(`Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
+)
+
+func runWrk(addr, script string, d time.Duration) (result, error) {
+	args := []string{"-t", strconv.Itoa(*threads), "-c", strconv.Itoa(*conns), "-d", fmt.Sprintf("%ds", int(d.Seconds()+0.5)),
+		"--latency", "-s", script, "http://" + addr + "/"}
+	out, err := exec.Command(*wrkBin, args...).CombinedOutput()
+	if err != nil {
+		return result{}, fmt.Errorf("wrk: %v\n%s", err, out)
+	}
+	s := string(out)
+	var r result
+	m := reRPS.FindStringSubmatch(s)
+	if m == nil {
+		return r, fmt.Errorf("wrk output without Requests/sec:\n%s", s)
+	}
+	r.rps, _ = strconv.ParseFloat(m[1], 64)
+	for _, m := range reLat.FindAllStringSubmatch(s, -1) {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second, "m": time.Minute}[m[3]]
+		dur := time.Duration(v * float64(unit))
+		if m[1] == "50" {
+			r.p50 = dur
+		} else {
+			r.p99 = dur
+		}
+	}
+	if r.p50 == 0 || r.p99 == 0 {
+		return r, fmt.Errorf("wrk output without latency percentiles:\n%s", s)
+	}
+	if m := reNon2xx.FindStringSubmatch(s); m != nil {
+		r.non2xx, _ = strconv.Atoi(m[1])
+	}
+	if m := reSockErr.FindStringSubmatch(s); m != nil {
+		for _, x := range m[1:] {
+			n, _ := strconv.Atoi(x)
+			r.errors += n
+		}
+	}
+	return r, nil
+}
+
+// memCost is the cost of one idle connection.
+type memCost struct {
+	rss        float64 // bytes of resident memory
+	heap       float64 // bytes of Go heap + stacks in use (-1: unknown)
+	goroutines float64
+}
+
+// idleCost opens n keep-alive connections to tg, sends one request on each
+// and reads its answer, then measures the process's growth with the
+// connections idle.
+func idleCost(tg target, n int, metrics string) (memCost, error) {
+	c := memCost{heap: -1}
+	settle := func() { time.Sleep(1500 * time.Millisecond) }
+	// One request first, so that the process has served traffic.
+	if err := oneRequest(tg); err != nil {
+		return c, err
+	}
+	settle()
+	rss0, err := rss(tg.pid)
+	if err != nil {
+		return c, err
+	}
+	heap0, gr0, merr := goMem(metrics)
+	open := make([]net.Conn, 0, n)
+	defer func() {
+		for _, cn := range open {
+			cn.Close()
+		}
+	}()
+	req := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: bench\r\n\r\n", tg.path)
+	for range n {
+		cn, err := net.DialTimeout("tcp", tg.addr, 5*time.Second)
+		if err != nil {
+			return c, err
+		}
+		open = append(open, cn)
+		cn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(cn, req); err != nil {
+			return c, err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(cn), nil)
+		if err != nil {
+			return c, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return c, fmt.Errorf("status %d", resp.StatusCode)
+		}
+		cn.SetDeadline(time.Time{})
+	}
+	settle()
+	rss1, err := rss(tg.pid)
+	if err != nil {
+		return c, err
+	}
+	c.rss = float64(rss1-rss0) / float64(n)
+	if merr == nil {
+		if heap1, gr1, err := goMem(metrics); err == nil {
+			c.heap = (heap1 - heap0) / float64(n)
+			c.goroutines = (gr1 - gr0) / float64(n)
+		}
+	}
+	return c, nil
+}
+
+func oneRequest(tg target) error {
+	cn, err := net.DialTimeout("tcp", tg.addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	cn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(cn, "GET %s HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n", tg.path)
+	resp, err := http.ReadResponse(bufio.NewReader(cn), nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+func metricsAddrFor(tg target, metrics string) string {
+	if tg.name == "egret" {
+		return metrics
+	}
+	return ""
+}
+
+// goMem reads the Go runtime's heap and stacks in use, and goroutines,
+// from egret's /metrics.
+func goMem(addr string) (float64, float64, error) {
+	if addr == "" {
+		return 0, 0, errors.New("no metrics")
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	vals := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 {
+			switch f[0] {
+			case "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines":
+				v, _ := strconv.ParseFloat(f[1], 64)
+				vals[f[0]] = v
+			}
+		}
+	}
+	if len(vals) != 3 {
+		return 0, 0, fmt.Errorf("metrics without Go memory figures")
+	}
+	return vals["go_memstats_heap_inuse_bytes"] + vals["go_memstats_stack_inuse_bytes"], vals["go_goroutines"], nil
+}
+
+// rss is the resident set of pid in bytes.
+func rss(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+func checkEgret(egretAddr, upAddr string) error {
+	cn, err := net.DialTimeout("tcp", egretAddr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	cn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(cn, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", upAddr, upAddr)
+	resp, err := http.ReadResponse(bufio.NewReader(cn), nil)
+	if err != nil {
+		return fmt.Errorf("request through egret: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Egret-Request-Id") == "" || resp.Header.Get("Egret-Attempts") != "1" {
+		return fmt.Errorf("egret answered %d without its headers: %v", resp.StatusCode, resp.Header)
+	}
+	return nil
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitListening(addr string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("nothing listens on %s after %v", addr, d)
+}
+
+func stop(cmd *exec.Cmd) {
+	if cmd.Process == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+// raiseFileLimit lifts the soft descriptor limit to the hard one, for the
+// idle connections (children inherit it).
+func raiseFileLimit() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
+		l.Cur = l.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+}
+
+func numCPU() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "processor\t:")
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-" + fmtDur(-d)
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
+	default:
+		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	}
+}
