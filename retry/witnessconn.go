@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/egret-proxy/egret/proxy/witness"
 )
@@ -137,9 +138,15 @@ func (c *witnessConn) freeze() {
 	if c.w == nil || c.raw == nil {
 		return
 	}
+	// A write already inside the kernel may still queue bytes: let it
+	// return (the connection is failing, so it will soon) before reading
+	// the counters. New writes are refused from now on.
+	for i := 0; c.writing > 0 && i < 100; i++ {
+		c.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		c.mu.Lock()
+	}
 	if c.writing > 0 {
-		// A write is inside the kernel right now: its bytes may be queued
-		// after any snapshot we take. No proof.
 		c.finalErr = errors.New("egret: write in flight at the failure")
 		return
 	}
