@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The pods' Go client: this test binary re-executed inside a pod (its
+// cgroup and namespace) with EGRET_E2E_CHILD set. It is a plain net/http
+// client that knows nothing of egret.
+const childEnv = "EGRET_E2E_CHILD"
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		os.Exit(child(mode))
+	}
+	os.Exit(m.Run())
+}
+
+type request struct {
+	Method  string            `json:"method"`
+	URL     string            `json:"url"`
+	Headers map[string]string `json:"headers"`
+	Body    string            `json:"body"`
+	// Load mode: new connection per request, for Duration.
+	Duration time.Duration `json:"duration"`
+}
+
+type response struct {
+	Status  int         `json:"status"`
+	Headers http.Header `json:"headers"`
+	Body    string      `json:"body"`
+	Err     string      `json:"err,omitempty"`
+	Reused  bool        `json:"reused,omitempty"`
+	Local   string      `json:"local,omitempty"`
+}
+
+// loadSample is one request of the load mode.
+type loadSample struct {
+	At     time.Duration `json:"at"` // since the start
+	Took   time.Duration `json:"took"`
+	Egret  bool          `json:"egret"` // answered through egret
+	Status int           `json:"status"`
+	Err    string        `json:"err,omitempty"`
+	// ConnectErr: the failure happened at connect (the pod could not
+	// open a connection), not on an established one.
+	ConnectErr bool `json:"connect_err,omitempty"`
+}
+
+func child(mode string) int {
+	var req request
+	if err := json.Unmarshal([]byte(os.Getenv("EGRET_E2E_REQ")), &req); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	enc := json.NewEncoder(os.Stdout)
+	switch mode {
+	case "get":
+		tr := &http.Transport{DisableKeepAlives: true}
+		_ = enc.Encode(do(&http.Client{Transport: tr, Timeout: 20 * time.Second}, req))
+	case "keepalive":
+		// One connection, a request, then another on the same connection
+		// after each line read from stdin.
+		tr := &http.Transport{MaxConnsPerHost: 1, MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute}
+		c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		_ = enc.Encode(do(c, req))
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			_ = enc.Encode(do(c, req))
+		}
+	case "load":
+		var samples []loadSample
+		start := time.Now()
+		for time.Since(start) < req.Duration {
+			var connectErr bool
+			tr := &http.Transport{
+				DisableKeepAlives: true,
+				DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					d := net.Dialer{Timeout: 2 * time.Second}
+					c, err := d.DialContext(ctx, network, addr)
+					connectErr = err != nil
+					return c, err
+				},
+			}
+			c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+			t0 := time.Now()
+			r := do(c, req)
+			samples = append(samples, loadSample{
+				At: t0.Sub(start), Took: time.Since(t0), Status: r.Status, Err: r.Err,
+				Egret: r.Headers.Get("Egret-Request-Id") != "", ConnectErr: connectErr,
+			})
+			time.Sleep(2 * time.Millisecond)
+		}
+		_ = enc.Encode(samples)
+	default:
+		fmt.Fprintln(os.Stderr, "unknown child mode", mode)
+		return 2
+	}
+	return 0
+}
+
+func do(c *http.Client, req request) response {
+	var body io.Reader
+	if req.Body != "" {
+		body = strings.NewReader(req.Body)
+	}
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	hr, err := http.NewRequest(method, req.URL, body)
+	if err != nil {
+		return response{Err: err.Error()}
+	}
+	for k, v := range req.Headers {
+		hr.Header.Set(k, v)
+	}
+	var out response
+	hr = hr.WithContext(httptrace.WithClientTrace(hr.Context(), &httptrace.ClientTrace{
+		GotConn: func(ci httptrace.GotConnInfo) {
+			out.Reused = ci.Reused
+			out.Local = ci.Conn.LocalAddr().String()
+		},
+	}))
+	resp, err := c.Do(hr)
+	if err != nil {
+		out.Err = err.Error()
+		return out
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	out.Status, out.Headers, out.Body = resp.StatusCode, resp.Header, string(b)
+	if err != nil {
+		out.Err = err.Error()
+	}
+	return out
+}
+
+// goClient runs the Go client in the pod and returns its answer.
+func (p *pod) goClient(t *testing.T, req request) response {
+	t.Helper()
+	cmd := p.childCmd(t, "get", req)
+	out, err := p.run(t, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r response
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("client output %q: %v", out, err)
+	}
+	return r
+}
+
+func (p *pod) childCmd(t *testing.T, mode string, req request) *exec.Cmd {
+	t.Helper()
+	b, _ := json.Marshal(req)
+	cmd := p.command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode, "EGRET_E2E_REQ="+string(b))
+	return cmd
+}
