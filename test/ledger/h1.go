@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -32,6 +33,12 @@ func (s *Server) serveH1(c, raw net.Conn, br *bufio.Reader) {
 			return
 		}
 		c.SetReadDeadline(time.Time{})
+		if s.Introspect && strings.HasPrefix(req.URL.Path, IntrospectPrefix) {
+			if !s.drainAndAnswer(c, bw, req, s.introspect(req.URL.Path)) {
+				return
+			}
+			continue
+		}
 		f := s.arrive(h)
 		if h.faultErr != nil || f.Kind.HTTP2Only() {
 			msg := fmt.Sprintf("ledger: fault %q needs HTTP/2\n", f.Kind)

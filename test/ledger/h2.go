@@ -217,6 +217,19 @@ func (hc *h2conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 		reset(hc.c, hc.raw)
 		return false
 	}
+	if hc.s.Introspect && strings.HasPrefix(h.path, IntrospectPrefix) {
+		p, _, _ := strings.Cut(h.path, "?")
+		a := hc.s.introspect(p)
+		x := &h2stream{id: id, head: h, preset: &a, hasher: sha256.New()}
+		hc.mu.Lock()
+		x.window = hc.peerInitWindow
+		hc.streams[id] = x
+		hc.mu.Unlock()
+		if f.StreamEnded() {
+			hc.endRequest(x)
+		}
+		return true
+	}
 	hc.s.mu.Lock()
 	hc.s.stats.H2Streams++
 	hc.s.mu.Unlock()

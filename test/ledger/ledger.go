@@ -118,6 +118,8 @@ type Server struct {
 
 	// IdleTimeout closes a connection idle that long (default 60 s).
 	IdleTimeout time.Duration
+	// Introspect serves IntrospectPrefix (set before listening).
+	Introspect bool
 }
 
 // New returns a server with no listener yet.

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -496,5 +497,33 @@ func TestParseFault(t *testing.T) {
 	}
 	if f, _ := ParseFault("hold"); f.Hold != time.Second {
 		t.Fatalf("hold default %v", f.Hold)
+	}
+}
+
+func TestIPv6AndIntrospection(t *testing.T) {
+	s := New()
+	s.Introspect = true
+	defer s.Close()
+	addr, err := s.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	c, br := dial(t, addr)
+	resp, err := rawH1(t, c, br, "DELETE", "v6", "", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("over ::1: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	fmt.Fprintf(c, "GET %srecords/v6 HTTP/1.1\r\nHost: l\r\n\r\n", IntrospectPrefix)
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Record
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || r.ID != "v6" || len(r.Executions) != 1 || r.Executions[0].Method != "DELETE" {
+		t.Fatalf("introspected %+v %v", r, err)
+	}
+	if st := s.Stats(); st.Arrivals != 1 {
+		t.Fatalf("introspection was recorded: %+v", st)
 	}
 }
