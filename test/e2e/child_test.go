@@ -48,7 +48,8 @@ type response struct {
 
 // loadSample is one request of the load mode.
 type loadSample struct {
-	At     time.Duration `json:"at"` // since the start
+	Wall   time.Time     `json:"wall"` // when it started
+	At     time.Duration `json:"at"`   // since t0 of the test (set by the test)
 	Took   time.Duration `json:"took"`
 	Egret  bool          `json:"egret"` // answered through egret
 	Status int           `json:"status"`
@@ -97,7 +98,7 @@ func child(mode string) int {
 			t0 := time.Now()
 			r := do(c, req)
 			samples = append(samples, loadSample{
-				At: t0.Sub(start), Took: time.Since(t0), Status: r.Status, Err: r.Err,
+				Wall: t0, Took: time.Since(t0), Status: r.Status, Err: r.Err,
 				Egret: r.Headers.Get("Egret-Request-Id") != "", ConnectErr: connectErr,
 			})
 			time.Sleep(2 * time.Millisecond)

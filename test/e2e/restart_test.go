@@ -1,0 +1,287 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/agent"
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/testenv"
+)
+
+var (
+	buildOnce sync.Once
+	egretBin  string
+	buildErr  error
+)
+
+// egretBinary builds cmd/egret once per test run.
+func egretBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", Prefix+"bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		egretBin = filepath.Join(dir, "egret")
+		out, err := exec.Command("go", "build", "-o", egretBin, "github.com/egret-proxy/egret/cmd/egret").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return egretBin
+}
+
+// agentProc is `egret agent` run as a real process.
+type agentProc struct {
+	cmd   *exec.Cmd
+	log   *syncBuffer
+	admin string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startAgent(t *testing.T, args ...string) *agentProc {
+	t.Helper()
+	ap := &agentProc{log: &syncBuffer{}}
+	for i, a := range args {
+		if a == "--admin" {
+			ap.admin = args[i+1]
+		}
+	}
+	ap.cmd = exec.Command(egretBinary(t), append([]string{"agent"}, args...)...)
+	ap.cmd.Stdout, ap.cmd.Stderr = ap.log, ap.log
+	if err := ap.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if ap.cmd.ProcessState == nil {
+			ap.cmd.Process.Kill()
+			ap.cmd.Wait()
+		}
+	})
+	return ap
+}
+
+// waitRunning polls the agent's admin API until the pod runs.
+func (ap *agentProc) waitRunning(t *testing.T, pod string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	c := agent.AdminClient(ap.admin)
+	for time.Since(start) < 15*time.Second {
+		resp, err := c.Get("http://egret/pods/" + pod)
+		if err == nil {
+			var st agent.PodStatus
+			_ = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if st.State == agent.StateRunning {
+				return time.Since(start)
+			}
+		}
+		if ap.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("agent not running pod %s; log:\n%s", pod, ap.log.String())
+	return 0
+}
+
+func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
+	testenv.RequireRoot(t)
+	name := Prefix + randHex(4)
+	top := filepath.Join(bpfload.CgroupRoot, name)
+	pin := filepath.Join(bpfload.BPFFSRoot, name)
+	t.Cleanup(func() {
+		removeCgroupTree(t, top)
+		assertNothingLeft(t, name, nil)
+	})
+	p := makePod(t, top, "web", podOpts{})
+	led, up := startLedger(t, p.host4)
+
+	dir := t.TempDir()
+	podsFile := filepath.Join(dir, "pods.yaml")
+	if err := os.WriteFile(podsFile, []byte(fmt.Sprintf("pods:\n  - name: web\n    cgroup: %s\n    netns: %s\n", p.cgroup, p.ns.Path())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := func(extra ...string) []string {
+		return append([]string{"--pods", podsFile, "--pin-dir", pin, "--cgroup", filepath.Join(top, "egret"),
+			"--admin", filepath.Join(dir, "admin.sock")}, extra...)
+	}
+	a1 := startAgent(t, args()...)
+	a1.waitRunning(t, "web")
+	if r := p.curl(t, url(up, "/")); r.Headers.Get("Egret-Request-Id") == "" {
+		t.Fatalf("not redirected before the kill: %+v", r)
+	}
+
+	// A client in the pod opening a new connection per request, all along.
+	load := p.childCmd(t, "load", request{URL: url(up, "/load"), Duration: 5 * time.Second})
+	var loadOut bytes.Buffer
+	load.Stdout, load.Stderr = &loadOut, os.Stderr
+	t0 := time.Now()
+	if err := p.start(load); err != nil {
+		t.Fatal(err)
+	}
+
+	time.Sleep(1500 * time.Millisecond)
+	tKill := time.Since(t0)
+	if err := a1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	a1.cmd.Wait()
+
+	time.Sleep(300 * time.Millisecond)
+	// While the agent is down, a keep-alive connection made now goes
+	// direct; it must survive the restart.
+	ka := p.childCmd(t, "keepalive", request{URL: url(up, "/keepalive")})
+	kaIn, _ := ka.StdinPipe()
+	kaOut, _ := ka.StdoutPipe()
+	if err := p.start(ka); err != nil {
+		t.Fatal(err)
+	}
+	kaLines := bufio.NewScanner(kaOut)
+	readKA := func() response {
+		t.Helper()
+		if !kaLines.Scan() {
+			t.Fatalf("keepalive client: %v", kaLines.Err())
+		}
+		var r response
+		_ = json.Unmarshal(kaLines.Bytes(), &r)
+		return r
+	}
+	kaFirst := readKA()
+
+	time.Sleep(1200 * time.Millisecond)
+	tRestart := time.Since(t0)
+	a2 := startAgent(t, args("--cleanup")...)
+	ready := a2.waitRunning(t, "web")
+	tReady := time.Since(t0)
+
+	fmt.Fprintln(kaIn, "again")
+	kaSecond := readKA()
+	kaIn.Close()
+	ka.Wait()
+
+	if err := load.Wait(); err != nil {
+		t.Fatalf("load client: %v", err)
+	}
+	var samples []loadSample
+	if err := json.Unmarshal(loadOut.Bytes(), &samples); err != nil {
+		t.Fatalf("load output: %v", err)
+	}
+
+	for i := range samples {
+		samples[i].At = samples[i].Wall.Sub(t0)
+	}
+	// The pod's own view.
+	var before, down, after, failed, connectFailed, viaEgretDown, directAfterReady int
+	var window, worst time.Duration
+	var windowStart time.Duration = -1
+	for _, s := range samples {
+		ok := s.Err == "" && s.Status == 200
+		switch {
+		case s.At+s.Took < tKill:
+			before++
+			if !ok || !s.Egret {
+				t.Errorf("before the kill: %+v", s)
+			}
+		case s.At > tKill && s.At+s.Took < tRestart:
+			down++
+			if s.Egret {
+				viaEgretDown++
+			}
+		case s.At > tReady+50*time.Millisecond:
+			after++
+			if !s.Egret {
+				directAfterReady++
+			}
+		}
+		if !ok {
+			failed++
+			if s.ConnectErr {
+				connectFailed++
+			}
+			if windowStart < 0 {
+				windowStart = s.At
+			}
+			window = s.At + s.Took - windowStart
+		} else if windowStart >= 0 {
+			worst = max(worst, window)
+			windowStart = -1
+		}
+	}
+	worst = max(worst, window)
+	t.Logf("kill -9 at %v, restart at %v, ready %v later; %d requests (new connection each): %d before (egret), %d while down (%d through egret), %d after ready (%d direct)",
+		tKill.Round(time.Millisecond), tRestart.Round(time.Millisecond), ready.Round(time.Millisecond),
+		len(samples), before, down, viaEgretDown, after, directAfterReady)
+	t.Logf("FAIL-OPEN WINDOW: %d failed requests (%d failed connects), longest run of failures %v", failed, connectFailed, worst)
+	for _, s := range samples {
+		if s.Err != "" || s.Status != 200 {
+			t.Logf("  failed at %v: status %d err %s", s.At.Round(time.Millisecond), s.Status, s.Err)
+		}
+	}
+	if connectFailed > 0 {
+		t.Errorf("%d connects failed: not fail-open", connectFailed)
+	}
+	if failed > 1 {
+		// Only a request in flight through the killed agent may fail.
+		t.Errorf("%d requests failed", failed)
+	}
+	if down == 0 || viaEgretDown != 0 {
+		t.Errorf("while the agent was down: %d requests, %d through egret", down, viaEgretDown)
+	}
+	if after == 0 || directAfterReady != 0 {
+		t.Errorf("after restart: %d requests, %d direct", after, directAfterReady)
+	}
+	// Established connections survive the restart.
+	if kaFirst.Status != 200 || kaFirst.Headers.Get("Egret-Request-Id") != "" {
+		t.Errorf("keep-alive connection made while down: %+v", kaFirst)
+	}
+	if kaSecond.Err != "" || kaSecond.Status != 200 || !kaSecond.Reused {
+		t.Errorf("keep-alive connection after the restart: %+v", kaSecond)
+	}
+	t.Logf("connection opened while the agent was down (%s) reused after the restart: status %d, reused %v",
+		kaFirst.Local, kaSecond.Status, kaSecond.Reused)
+	if r := p.curl(t, url(up, "/")); r.Headers.Get("Egret-Request-Id") == "" {
+		t.Fatalf("not redirected after the restart")
+	}
+	if !strings.Contains(a2.log.String(), "adopted_pods=1") {
+		t.Errorf("second agent did not adopt the pinned pod:\n%s", a2.log.String())
+	}
+	t.Logf("ledger: %d connections, %d executions", led.Stats().Connections, led.Stats().Executions)
+
+	// SIGTERM with --cleanup removes everything.
+	a2.cmd.Process.Signal(syscall.SIGTERM)
+	if err := a2.cmd.Wait(); err != nil {
+		t.Errorf("agent exit: %v\n%s", err, a2.log.String())
+	}
+}
