@@ -93,7 +93,12 @@ type decoder struct {
 	dir      string // relative file paths are taken from here
 	override bool   // a per-pod override: node-only fields refused
 	errs     Errors
+	visits   int // nodes walked, aliases expanded; bounded by maxVisits
 }
+
+// maxVisits bounds the nodes one decode walks: aliases are expanded, and
+// a small file of nested aliases must not keep the agent busy.
+const maxVisits = 100_000
 
 func (d *decoder) fail(at pos, sentinel error, format string, args ...any) {
 	d.errs = append(d.errs, &Error{File: d.file, Line: at.line, Column: at.col,
@@ -166,8 +171,15 @@ func (d *decoder) syntax(err error) {
 	d.errs = append(d.errs, &Error{File: d.file, Line: line, Msg: msg, Err: ErrSyntax})
 }
 
-// deref follows aliases (bounded) and returns nil for a bad one.
+// deref follows aliases (bounded) and returns nil for a bad one, or once
+// the decode has walked too many nodes.
 func (d *decoder) deref(n *yaml.Node, path string) *yaml.Node {
+	if d.visits++; d.visits > maxVisits {
+		if d.visits == maxVisits+1 {
+			d.fail(d.posOf(n, path), ErrSyntax, "more than %d values (aliases expanded)", maxVisits)
+		}
+		return nil
+	}
 	for i := 0; n != nil && n.Kind == yaml.AliasNode; i++ {
 		if i == 16 {
 			d.fail(d.posOf(n, path), ErrSyntax, "aliases nested too deep")
@@ -614,7 +626,7 @@ func (d *decoder) routes(n *yaml.Node, path string, u *rawUpstream) {
 			ok = false
 			return
 		}
-		at := d.posOf(d.deref(e, ep), ep)
+		at := d.posOf(e, ep)
 		for _, name := range []string{"method", "path_prefix", "idempotent"} {
 			if !given[name] {
 				d.fail(at, ErrInvalid, "%s is required", name)

@@ -1,0 +1,145 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSizes(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64
+	}{
+		{"0", 0}, {"512", 512}, {"512B", 512}, {"64KiB", 64 << 10}, {"64Ki", 64 << 10},
+		{"8MiB", 8 << 20}, {"1GiB", 1 << 30}, {"1kB", 1000}, {"2MB", 2_000_000}, {"1GB", 1_000_000_000},
+		{"16 MiB", 16 << 20},
+	} {
+		got, err := parseSize(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("%q: %d %v, want %d", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"", "-1KiB", "1.5MiB", "64kib", "2GiB", "99999999999999999999", "MiB", "1 K i B"} {
+		if got, err := parseSize(bad); err == nil {
+			t.Errorf("%q accepted as %d", bad, got)
+		}
+	}
+	// An integer in YAML is bytes.
+	p, err := Parse("s.yaml", []byte("defaults:\n  body: {memory_limit: 1024, spool_limit: 0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := p.Defaults.Body; b.MemoryLimit != 1024 || b.SpoolLimit != 0 {
+		t.Errorf("body %+v", b)
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "tok", "t")
+	p, err := Load(writeFile(t, dir, "p.yaml", "upstreams:\n  - host: plain.test\n    credential: {bearer_token_file: tok}\n  - host: safe.test\n    tls: {enabled: true}\n    credential: {bearer_token_file: tok}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0], "plain.test") || !strings.Contains(p.Warnings[0], "cleartext") {
+		t.Errorf("warnings %q", p.Warnings)
+	}
+}
+
+// Values that are legal at the edges of their ranges are accepted.
+func TestEdgesAccepted(t *testing.T) {
+	src := `defaults:
+  max_attempts: 1
+  timeout: 0
+  attempt_timeout: 24h
+  min_attempt: 0s
+  budget: {ratio: 0, min_per_second: 0, ttl: 1ms}
+  body: {memory_limit: 0, spool_limit: 1GiB}
+  method_default: false
+  bulkhead: 0
+upstreams:
+  - {host: "*.a", port: 65535, max_attempts: 100, method_default: true, budget: {ratio: 1, min_per_second: 1}}
+  - {host: "::1", port: 1}
+  - {host: 192.0.2.1}
+  - {host: under_score.test}
+`
+	p, err := Parse("edges.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := p.Defaults; d.Timeout != 0 || d.MaxAttempts != 1 || d.MethodDefault {
+		t.Errorf("defaults %+v", d)
+	}
+	if u := p.Match("x.a", 65535); u.MaxAttempts != 100 || !u.MethodDefault {
+		t.Errorf("*.a %+v", u)
+	}
+	if u := p.Match("[::1]", 1); u.Host != "::1" {
+		t.Errorf("::1 matched %q", u.Host)
+	}
+}
+
+// Aliases cannot make a small file expensive to decode: one list of
+// routes referred to by many entries is walked each time, up to a bound.
+func TestAliasBomb(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("upstreams:\n  - &u\n    host: a.test\n    routes: &r\n")
+	for i := range 1000 {
+		fmt.Fprintf(&b, "      - {method: GET, path_prefix: /p%d, idempotent: true}\n", i)
+	}
+	for range 1000 {
+		b.WriteString("  - *u\n")
+	}
+	start := time.Now()
+	_, err := Parse("bomb.yaml", []byte(b.String()))
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("took %v", took)
+	}
+	if !errors.Is(err, ErrSyntax) || !strings.Contains(err.Error(), "aliases expanded") {
+		t.Errorf("error %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	example, err := os.ReadFile("testdata/example.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(string(example))
+	f.Add("defaults: {max_attempts: 2}\nupstreams: [{host: a.test, routes: [{method: GET, path_prefix: /, idempotent: true}]}]\n")
+	f.Add("a: &x [*x]\n")
+	f.Add("upstreams:\n  - &e {host: a.test}\n  - *e\n")
+	f.Fuzz(func(t *testing.T, src string) {
+		p, err := Parse("fuzz.yaml", []byte(src))
+		if err != nil {
+			var es Errors
+			if !errors.As(err, &es) || len(es) == 0 || len(es) > maxErrors {
+				t.Fatalf("error %T %v", err, err)
+			}
+			return
+		}
+		u := p.Match("a.test", 443)
+		_ = u.RetryPolicy("POST", "/x/../y")
+		if u.MaxAttempts < 1 || u.Backoff.Base > u.Backoff.Max {
+			t.Fatalf("accepted an invalid policy: %+v", u)
+		}
+	})
+}
+
+func BenchmarkMatchRetryPolicy(b *testing.B) {
+	p, err := Parse("b.yaml", []byte(`upstreams:
+  - {host: api.example.com, port: 443, routes: [{method: POST, path_prefix: /v1/orders, idempotent: false}, {method: "*", path_prefix: /v1/, idempotent: true}]}
+  - {host: "*.svc.cluster.local"}
+`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = p.Match("api.example.com", 443).RetryPolicy("POST", "/v1/orders/17")
+		_ = p.Match("db.ns.svc.cluster.local", 8080).RetryPolicy("GET", "/")
+	}
+}
