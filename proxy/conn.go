@@ -41,27 +41,64 @@ type conn struct {
 	bw    *bufio.Writer
 	state connState // guarded by s.mu
 	dst   netip.AddrPort
-	head  []byte
+	pr    prefixReader
+}
+
+// waitRequest waits for the first byte of the next request. With nothing
+// buffered, the connection gives its reader back to the pool while it
+// waits, so that an idle keep-alive connection holds no buffer.
+func (c *conn) waitRequest() bool {
+	if c.br != nil && c.br.Buffered() > 0 {
+		return true
+	}
+	c.releaseReader()
+	n, err := c.c.Read(c.pr.first[:])
+	if n == 0 || err != nil && n == 0 {
+		return false
+	}
+	c.pr.pending = true
+	c.br = readerPool.Get().(*bufio.Reader)
+	c.br.Reset(&c.pr)
+	return true
+}
+
+func (c *conn) releaseReader() {
+	if c.br != nil {
+		c.br.Reset(nil)
+		readerPool.Put(c.br)
+		c.br = nil
+	}
+}
+
+// prefixReader reads the byte waitRequest read, then the connection.
+type prefixReader struct {
+	c       net.Conn
+	first   [1]byte
+	pending bool
+}
+
+func (r *prefixReader) Read(p []byte) (int, error) {
+	if r.pending && len(p) > 0 {
+		p[0] = r.first[0]
+		r.pending = false
+		return 1, nil
+	}
+	return r.c.Read(p)
 }
 
 var (
 	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+	headBufs   = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 )
 
 func (c *conn) serve() {
 	defer c.s.removeConn(c)
 	defer c.c.Close()
+	c.pr.c = c.c
 	c.br = readerPool.Get().(*bufio.Reader)
-	c.br.Reset(c.c)
-	c.bw = writerPool.Get().(*bufio.Writer)
-	c.bw.Reset(c.c)
-	defer func() {
-		c.br.Reset(nil)
-		readerPool.Put(c.br)
-		c.bw.Reset(nil)
-		writerPool.Put(c.bw)
-	}()
+	c.br.Reset(&c.pr)
+	defer c.releaseReader()
 	log := c.s.cfg.Logger
 	if c.s.cfg.Mode == Transparent {
 		dst, err := c.s.cfg.Resolver.OriginalDst(c.c)
@@ -93,17 +130,30 @@ const maxRequestsPerConn = 1 << 20
 func (c *conn) next() bool {
 	cfg := &c.s.cfg
 	c.c.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
-	if _, err := c.br.Peek(1); err != nil {
+	if !c.waitRequest() {
 		return false
 	}
 	if !c.s.setState(c, stateActive) {
 		return false
 	}
 	defer c.s.setState(c, stateIdle)
+	// The writer and the head buffer are held only while a request is
+	// served: an idle keep-alive connection keeps just its reader.
+	c.bw = writerPool.Get().(*bufio.Writer)
+	c.bw.Reset(c.c)
+	hb := headBufs.Get().(*[]byte)
+	defer func() {
+		c.bw.Reset(nil)
+		writerPool.Put(c.bw)
+		c.bw = nil
+		if cap(*hb) <= 8<<10 {
+			headBufs.Put(hb)
+		}
+	}()
 	start := time.Now()
 	c.c.SetReadDeadline(start.Add(cfg.ReadHeaderTimeout))
-	head, err := readHead(c.br, c.head, headLimits{maxBytes: cfg.MaxHeaderBytes, maxCount: cfg.MaxHeaderCount})
-	c.head = head[:0]
+	head, err := readHead(c.br, (*hb)[:0], headLimits{maxBytes: cfg.MaxHeaderBytes, maxCount: cfg.MaxHeaderCount})
+	*hb = head[:0]
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(nil, newRequestID(), start, http.StatusRequestTimeout, "request header not received in time")
