@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,11 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(childEnv); mode != "" {
 		os.Exit(child(mode))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if egretBin != "" {
+		os.RemoveAll(filepath.Dir(egretBin))
+	}
+	os.Exit(code)
 }
 
 type request struct {

@@ -34,6 +34,7 @@ func egretBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		_ = os.Chmod(dir, 0o755) // others may run it (the tests without root)
 		egretBin = filepath.Join(dir, "egret")
 		out, err := exec.Command("go", "build", "-o", egretBin, "github.com/egret-proxy/egret/cmd/egret").CombinedOutput()
 		if err != nil {

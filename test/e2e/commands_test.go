@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/test/ledger"
+)
+
+// TestEgretRunCurl: `egret run -- curl http://127.0.0.1:PORT/` on one
+// machine, no Kubernetes: curl knows nothing of egret and its answer
+// carries Egret-Attempts.
+func TestEgretRunCurl(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := egretBinary(t)
+	led, up := startLedgerLoopback(t)
+	cmd := exec.Command(bin, "run", "--", "curl", "-sS", "-i", "-H", "Ledger-Id: run-1", "-H", "Ledger-Fault: 503; times=1", url(up, "/hello"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("egret run: %v\n%s", err, stderr.String())
+	}
+	t.Logf("$ sudo egret run -- curl -sS -i -H 'Ledger-Id: run-1' -H 'Ledger-Fault: 503; times=1' %s\n%s%s", url(up, "/hello"), stdout.String(), stderr.String())
+	r := parseHTTP(t, stdout.String())
+	if r.Status != 200 || attempts(r) != 2 || led.Executions("run-1") != 2 {
+		t.Fatalf("status %d attempts %q executions %d", r.Status, r.Headers.Get("Egret-Attempts"), led.Executions("run-1"))
+	}
+
+	// Exit status and a namespace of its own with --netns new.
+	self, _ := os.Readlink("/proc/self/ns/net")
+	out, err := exec.Command(bin, "run", "-q", "--netns", "new", "--", "sh", "-c", "readlink /proc/self/ns/net; exit 3").Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("exit status: %v", err)
+	}
+	if ns := strings.TrimSpace(string(out)); ns == self || !strings.HasPrefix(ns, "net:") {
+		t.Fatalf("--netns new ran in %q (egret's is %q)", ns, self)
+	}
+	assertNothingLeftByRun(t)
+}
+
+func startLedgerLoopback(t *testing.T) (*ledger.Server, netip.AddrPort) {
+	t.Helper()
+	return startLedger(t, netip.MustParseAddr("127.0.0.1"))
+}
+
+// TestCommandsSayWhatIsMissing: without root, or without a kernel feature,
+// both commands name what is missing and exit non-zero.
+func TestCommandsSayWhatIsMissing(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := egretBinary(t)
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	podsFile := dir + "/pods.yaml"
+	os.WriteFile(podsFile, []byte("pods: []\n"), 0o644)
+	cases := []struct {
+		name string
+		cmd  *exec.Cmd
+		want string
+	}{
+		{"agent without root", asNobody(exec.Command(bin, "agent", "--pods", podsFile)), "needs root"},
+		{"run without root", asNobody(exec.Command(bin, "run", "--", "true")), "needs root"},
+		{"agent without cgroup v2", hideCgroup2(bin, "agent", "--pods", podsFile, "--admin", ""), "kernel feature missing: cgroup v2 at /sys/fs/cgroup/unified"},
+		{"run without BTF", hideBTF(bin, "run", "--", "true"), "kernel feature missing: kernel BTF"},
+		{"agent with a bad pods file", exec.Command(bin, "agent", "--pods", "/nonexistent/pods.yaml"), "/nonexistent/pods.yaml"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := tc.cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("exit: %v\n%s", err, out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Fatalf("output %q does not say %q", out, tc.want)
+			}
+			t.Logf("exit %d: %s", ee.ExitCode(), strings.TrimSpace(string(out)))
+		})
+	}
+	assertNothingLeftByRun(t)
+}
+
+func asNobody(cmd *exec.Cmd) *exec.Cmd {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.Dir = "/"
+	return cmd
+}
+
+// hideCgroup2 runs egret in a mount namespace where the cgroup v2 mount
+// is covered by a tmpfs, as on a machine without cgroup v2.
+func hideCgroup2(bin string, args ...string) *exec.Cmd {
+	return exec.Command("unshare", append([]string{"-m", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs none /sys/fs/cgroup/unified && exec "$@"`, "sh", bin}, args...)...)
+}
+
+// hideBTF covers /sys/kernel/btf, as on a kernel built without BTF.
+func hideBTF(bin string, args ...string) *exec.Cmd {
+	return exec.Command("unshare", append([]string{"-m", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs none /sys/kernel/btf && exec "$@"`, "sh", bin}, args...)...)
+}
+
+func assertNothingLeftByRun(t *testing.T) {
+	t.Helper()
+	for _, d := range []string{"/sys/fs/cgroup/unified", "/sys/fs/bpf", "/run/netns"} {
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "egret-run-") {
+				t.Errorf("left behind by egret run: %s/%s", d, e.Name())
+			}
+		}
+	}
+}

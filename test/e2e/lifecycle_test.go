@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/bpf"
+)
+
+// viaEgret reports whether a request from the pod was answered by egret.
+func viaEgret(t *testing.T, p *pod, u string) bool {
+	t.Helper()
+	r := p.curl(t, u)
+	if r.Status != 200 {
+		t.Fatalf("status %d: %s", r.Status, r.Body)
+	}
+	return r.Headers.Get("Egret-Request-Id") != ""
+}
+
+func TestPodsComeAndGo(t *testing.T) {
+	n := newNode(t, nodeOpts{})
+	p := n.addPod(t, "web", podOpts{})
+	_, up := startLedger(t, p.host4)
+	st := n.waitPod(t, "web", "running")
+	if !viaEgret(t, p, url(up, "/")) {
+		t.Fatal("not redirected")
+	}
+
+	// Update in place: exclude the upstream's port; the pod keeps its
+	// listener and the exclusion takes effect.
+	if err := n.src.Put(pods.Pod{Name: "web", Cgroup: p.cgroup, Netns: p.ns.Path(),
+		Exclude: pods.Exclusions{Ports: []uint16{up.Port()}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !viaEgret(t, p, url(up, "/")) })
+	if st2 := n.waitPod(t, "web", "running"); st2.Since != st.Since {
+		t.Fatalf("an exclusion change restarted the pod")
+	}
+	if err := n.src.Put(pods.Pod{Name: "web", Cgroup: p.cgroup, Netns: p.ns.Path()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return viaEgret(t, p, url(up, "/")) })
+
+	// The pod goes: links, map entries and listener go with it.
+	if err := n.src.Remove("web"); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, n, "web")
+	if viaEgret(t, p, url(up, "/")) {
+		t.Fatal("still redirected after the pod went")
+	}
+	if ids, _ := n.loader.Pods(); len(ids) != 0 {
+		t.Fatalf("pinned pods after removal: %v", ids)
+	}
+	if _, err := os.Stat(filepath.Join(n.pin, "links", "pod", strconv.FormatUint(st.CgroupID, 10))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("pod links still pinned: %v", err)
+	}
+	podsMap, err := ebpf.LoadPinnedMap(filepath.Join(n.pin, "egret_pods"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podsMap.Close()
+	var pc bpf.EgretPodConfig
+	if err := podsMap.Lookup(st.CgroupID, &pc); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("pod config still in egret_pods: %v", err)
+	}
+	tuples, err := ebpf.LoadPinnedMap(filepath.Join(n.pin, "egret_tuples"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tuples.Close()
+	var k bpf.EgretTupleKey
+	var v bpf.EgretOrigDst
+	for it := tuples.Iterate(); it.Next(&k, &v); {
+		if v.CgroupId == st.CgroupID {
+			t.Fatalf("tuple of the removed pod left: %+v", k)
+		}
+	}
+	err = p.ns.Do(func() error {
+		c, err := net.Dial("tcp", st.Listen[0])
+		if err == nil {
+			c.Close()
+			return errors.New("listener still open")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// It comes back.
+	p2spec := pods.Pod{Name: "web", Cgroup: p.cgroup, Netns: p.ns.Path()}
+	if err := n.src.Put(p2spec); err != nil {
+		t.Fatal(err)
+	}
+	n.waitPod(t, "web", "running")
+	if !viaEgret(t, p, url(up, "/")) {
+		t.Fatal("not redirected after the pod came back")
+	}
+	t.Logf("pod updated in place, removed (links, egret_pods entry, tuples, listener gone; connects direct), re-added (redirected)")
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for range 200 {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met")
+}
