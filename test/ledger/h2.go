@@ -197,9 +197,18 @@ func (hc *h2conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 		}
 		return true
 	}
-	if id <= hc.maxSeen || (hc.goingAway && id > hc.lastStream) {
-		// An old stream, or one above our GOAWAY: not processed.
+	if id <= hc.maxSeen {
 		hc.mu.Unlock()
+		return true
+	}
+	if hc.goingAway && id > hc.lastStream {
+		// Above our GOAWAY: not processed.
+		hc.mu.Unlock()
+		for _, fld := range f.RegularFields() {
+			if strings.EqualFold(fld.Name, HeaderID) {
+				hc.s.bystander(fld.Value)
+			}
+		}
 		return true
 	}
 	prevMax := hc.maxSeen
@@ -214,6 +223,13 @@ func (hc *h2conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 	h := newHead(hdr, f.PseudoValue("method"), f.PseudoValue("path"), hc.proto)
 	if victim {
 		hc.s.victim(h)
+		hc.mu.Lock()
+		var cut []string
+		for _, x := range hc.streams {
+			cut = append(cut, x.head.id)
+		}
+		hc.mu.Unlock()
+		hc.s.collateral(cut)
 		reset(hc.c, hc.raw)
 		return false
 	}

@@ -75,6 +75,12 @@ type Record struct {
 	// reset by a previous request's reset-on-reuse fault.
 	Faulted int
 	Victims int
+	// Collateral counts HTTP/2 streams of this id that were in flight on a
+	// connection another request's reset-on-reuse reset; Bystander counts
+	// HTTP/2 heads of this id refused (not processed, not an arrival)
+	// because another request's goaway or close-idle had sent GOAWAY.
+	Collateral int
+	Bystander  int
 	// Faults counts the faults applied, by kind.
 	Faults map[Kind]int
 }
@@ -88,6 +94,7 @@ type Stats struct {
 	KeyConflicts   int // 409 (key in use) and 422 (key reused with another body)
 	IdleCloses     int // connections closed by close-idle
 	ReuseResets    int // connections reset by reset-on-reuse
+	Collateral     int // HTTP/2 streams cut by those resets
 	H2Streams      int
 	BadFaultHeader int
 	Faults         map[Kind]int
@@ -253,6 +260,24 @@ func (s *Server) victim(h *head) {
 	r := s.recordLocked(h.id)
 	r.Arrivals++
 	r.Victims++
+}
+
+// collateral counts streams in flight on a connection that is being reset
+// because of another request.
+func (s *Server) collateral(ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		s.stats.Collateral++
+		s.recordLocked(id).Collateral++
+	}
+}
+
+// bystander counts a head refused by a GOAWAY another request caused.
+func (s *Server) bystander(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recordLocked(id).Bystander++
 }
 
 func (s *Server) countIdleClose() {

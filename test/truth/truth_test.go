@@ -297,7 +297,7 @@ func TestTruth(t *testing.T) {
 	for _, line := range v.report() {
 		t.Error(line)
 	}
-	v.coverage(t, specs, answers)
+	v.coverage(t, specs, answers, records)
 }
 
 // violations collects what the suite found wrong, by rule, with examples.
@@ -317,9 +317,9 @@ func (v *violations) add(rule string, s spec, a answer, rec ledger.Record, why s
 	v.byRule[rule]++
 	if len(v.examples[rule]) < 5 {
 		v.examples[rule] = append(v.examples[rule], fmt.Sprintf(
-			"%s %s %s key=%t size=%d fault=%q: status %d outcome %q attempts %d err %v bodyErr %v conns %d; ledger arrivals %d executions %d replays %d victims %d: %s",
+			"%s %s %s key=%t size=%d fault=%q: status %d outcome %q attempts %d err %v bodyErr %v conns %d; ledger arrivals %d executions %d replays %d victims %d collateral %d: %s",
 			s.id, s.target, s.method, s.key != "", s.size, s.fault.String(), a.status, a.outcome, a.attempts,
-			a.err, a.bodyErr, a.gotConns, rec.Arrivals, len(rec.Executions), rec.Replays, rec.Victims, why))
+			a.err, a.bodyErr, a.gotConns, rec.Arrivals, len(rec.Executions), rec.Replays, rec.Victims, rec.Collateral, why))
 	}
 }
 
@@ -408,7 +408,7 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 			if a.status < 502 || a.status > 504 {
 				v.add("ambiguous without 502-504", s, a, rec, "")
 			}
-			if !(snrKinds[s.fault.Kind] && rec.Faults[s.fault.Kind] > 0) && rec.Victims == 0 {
+			if !(snrKinds[s.fault.Kind] && rec.Faults[s.fault.Kind] > 0) && rec.Victims == 0 && rec.Collateral == 0 {
 				unexplained++
 				if unexplained > stats.IdleCloses {
 					v.add("ambiguous without a sent_no_response attempt", s, a, rec, "no fault of this request can leave it unanswered")
@@ -430,6 +430,16 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 				v.add("answer body broken without a mid-body fault", s, a, rec, "")
 			}
 		}
+		// Retries the spec forbids: a 500 that the policy does not call
+		// transient, a 425 after attempt 1.
+		if a.status == 200 && a.outcome == "" {
+			if rec.Faults[ledger.KindStatus500] > 0 {
+				v.add("retried a non-transient 500", s, a, rec, "")
+			}
+			if rec.Faults[ledger.KindStatus425] > 1 {
+				v.add("retried a 425 after attempt 1", s, a, rec, "")
+			}
+		}
 		for _, e := range rec.Executions {
 			if e.Method != s.method || e.BodySize != int64(s.size) {
 				v.add("executed request differs", s, a, rec, fmt.Sprintf("%s with %d bytes", e.Method, e.BodySize))
@@ -439,9 +449,79 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 	return v
 }
 
+// retryable are the faults after which the spec retries an idempotent
+// request (with a replayable body), and notSentRetryable those after which
+// it retries any request.
+var (
+	retryable = map[ledger.Kind]bool{
+		ledger.KindResetBeforeRead: true, ledger.KindResetMidRequest: true, ledger.KindResetAfterRead: true,
+		ledger.KindHold: true, ledger.KindStatus408: true, ledger.KindStatus425: true, ledger.KindStatus429: true,
+		ledger.KindStatus502: true, ledger.KindStatus503: true, ledger.KindStatus504: true,
+		ledger.KindRefusedStream: true, ledger.KindGoAway: true,
+	}
+	notSentRetryable = map[ledger.Kind]bool{
+		ledger.KindStatus408: true, ledger.KindStatus425: true, ledger.KindStatus429: true,
+		ledger.KindRefusedStream: true, ledger.KindGoAway: true,
+	}
+)
+
+// expectRecovery reports whether the spec retries s after its fault hit the
+// first attempt only (times=1), so that the answer should be the ledger's 200.
+func expectRecovery(s spec, rec ledger.Record) bool {
+	if s.target == targetRefused || s.fault.Times != 1 || s.size > spoolLimit {
+		return false
+	}
+	if rec.Victims+rec.Collateral+rec.Bystander > 0 {
+		// Another request's fault hit this one too.
+		return false
+	}
+	if s.idempotent() {
+		return retryable[s.fault.Kind]
+	}
+	return notSentRetryable[s.fault.Kind]
+}
+
 // coverage fails the suite if the traffic did not exercise what it claims:
-// retries that succeed, ambiguous and not-sent answers, spooled bodies.
-func (v *violations) coverage(t *testing.T, specs []spec, answers []answer) {
+// retries that succeed, ambiguous and not-sent answers, spooled bodies; and
+// if egret did not retry where the spec says it must. A request can meet
+// more than its own fault (a connection another request's fault closes), so
+// recovery is asked of 95% of them, and 80% for each fault.
+func (v *violations) coverage(t *testing.T, specs []spec, answers []answer, records map[string]ledger.Record) {
+	want, got := map[ledger.Kind]int{}, map[ledger.Kind]int{}
+	var wantAll, gotAll int
+	var missed []string
+	for i, s := range specs {
+		if !expectRecovery(s, records[s.id]) {
+			continue
+		}
+		a := answers[i]
+		want[s.fault.Kind]++
+		wantAll++
+		// Recovered: the ledger's answer (attempts are checked elsewhere).
+		if a.err == nil && a.status == 200 && a.outcome == "" && a.bodyErr == nil {
+			got[s.fault.Kind]++
+			gotAll++
+		} else if len(missed) < 8 {
+			missed = append(missed, fmt.Sprintf("%s %s %s key=%t size=%d fault=%q: status %d outcome %q attempts %d err %v; ledger %+v",
+				s.id, s.target, s.method, s.key != "", s.size, s.fault.String(), a.status, a.outcome, a.attempts, a.err, records[s.id]))
+		}
+	}
+	var parts []string
+	for _, k := range ledger.Kinds() {
+		if want[k] == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %d/%d", k, got[k], want[k]))
+		if want[k] >= 10 && got[k]*5 < want[k]*4 {
+			t.Errorf("after a %s on the first attempt only, %d of %d requests were retried to success (want 80%%)", k, got[k], want[k])
+		}
+	}
+	t.Logf("recovered after a fault on the first attempt (times=1): %d/%d; %s", gotAll, wantAll, strings.Join(parts, ", "))
+	if wantAll > 0 && gotAll*20 < wantAll*19 {
+		t.Errorf("only %d of %d requests recovered after a retryable fault on their first attempt (want 95%%), e.g.\n  %s",
+			gotAll, wantAll, strings.Join(missed, "\n  "))
+	}
+
 	var retriedOK, ambiguous, notSent, spooledRetried, h2Refused int
 	for i, s := range specs {
 		a := answers[i]
