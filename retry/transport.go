@@ -213,6 +213,7 @@ type attemptResult struct {
 	resp    *http.Response // headers arrived and the body did not break before its first byte
 	peek    []byte         // the body's first chunk
 	peekErr error          // the error that came with it
+	peekBuf *[]byte        // pooled buffer behind peek
 	err     error          // the failure, when resp is nil
 	release func()         // bulkhead permit, nil when none or released
 	cancel  context.CancelCauseFunc
@@ -234,6 +235,7 @@ func (r *run) do() (*http.Response, error) {
 		Idempotent: r.idempotent,
 		Body:       r.kind,
 		Start:      r.start,
+		Attempts:   make([]Attempt, 0, 1),
 	}
 	if req.URL != nil {
 		r.trace.URL = req.URL.String()
@@ -364,7 +366,12 @@ func (r *run) attempt(n int, body io.ReadCloser) (*attemptResult, Attempt) {
 	t := r.t
 	rec := Attempt{N: n, Start: t.now()}
 	ar := &attemptResult{}
-	actx, cancel := context.WithCancelCause(r.ctx)
+	// Only an attempt timeout needs a context of its own; the request's
+	// context bounds the rest.
+	actx, cancel := r.ctx, context.CancelCauseFunc(func(error) {})
+	if r.pol.AttemptTimeout > 0 {
+		actx, cancel = context.WithCancelCause(r.ctx)
+	}
 	ar.cancel = cancel
 	at := &attemptTrace{w: t.Witness}
 	actx = httptrace.WithClientTrace(actx, at.clientTrace())
@@ -433,7 +440,8 @@ func (r *run) attempt(n int, body io.ReadCloser) (*attemptResult, Attempt) {
 	rec.Stage = StageComplete
 	rec.Evidence = engine.ResponseReceived
 	if needPeek(areq, resp) {
-		buf := make([]byte, 4096)
+		bp := peekPool.Get().(*[]byte)
+		buf := *bp
 		var k int
 		var perr error
 		for range 8 {
@@ -445,13 +453,14 @@ func (r *run) attempt(n int, body io.ReadCloser) (*attemptResult, Attempt) {
 		if k == 0 && perr != nil && perr != io.EOF {
 			// The body broke before its first byte: nothing was delivered,
 			// so this is an attempt failure like any other.
+			peekPool.Put(bp)
 			resp.Body.Close()
 			ar.err = perr
 			rec.Err = perr.Error()
 			rec.Stage, rec.Failure, rec.Evidence = StageBody, engine.BodyInterrupted, engine.PartialResponse
 			return ar, rec
 		}
-		ar.peek, ar.peekErr = buf[:k], perr
+		ar.peek, ar.peekErr, ar.peekBuf = buf[:k], perr, bp
 	}
 	ar.resp = resp
 	return ar, rec
@@ -479,6 +488,17 @@ func (r *run) witness(at *attemptTrace, rec *Attempt) {
 	}
 }
 
+// peekPool holds the buffers the first body chunk is read into.
+var peekPool = sync.Pool{New: func() any { b := make([]byte, 4096); return &b }}
+
+// putPeek returns a peek buffer to the pool.
+func putPeek(bp **[]byte) {
+	if *bp != nil {
+		peekPool.Put(*bp)
+		*bp = nil
+	}
+}
+
 // needPeek says whether the response may have a body to peek at.
 func needPeek(req *http.Request, resp *http.Response) bool {
 	if req.Method == http.MethodHead || resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0 {
@@ -490,6 +510,8 @@ func needPeek(req *http.Request, resp *http.Response) bool {
 
 // done releases what the attempt holds (its permit and context).
 func (ar *attemptResult) done() {
+	ar.peek = nil
+	putPeek(&ar.peekBuf)
 	if ar.resp != nil {
 		ar.resp.Body.Close()
 		ar.resp = nil
@@ -508,7 +530,6 @@ func (r *run) decide(n int, rec *Attempt, ar *attemptResult) engine.Result {
 	in := engine.Input{
 		Attempt:           n,
 		MaxAttempts:       r.pol.MaxAttempts,
-		BudgetTokens:      r.budget.Tokens(now),
 		Body:              r.kind,
 		Draining:          t.Draining != nil && t.Draining(),
 		MinAttempt:        r.pol.MinAttempt,
@@ -523,6 +544,11 @@ func (r *run) decide(n int, rec *Attempt, ar *attemptResult) engine.Result {
 	}
 	if dl, ok := r.ctx.Deadline(); ok {
 		in.HasDeadline, in.DeadlineRemaining = true, dl.Sub(now)
+	}
+	// A success is never retried and consults nothing: spare the budget's
+	// lock on the hot path.
+	if ar.resp == nil || rec.Status >= 400 {
+		in.BudgetTokens = r.budget.Tokens(now)
 	}
 	if ar.resp != nil {
 		in.Status = rec.Status
@@ -610,7 +636,9 @@ func (r *run) finish(ar *attemptResult, rec *Attempt) (*http.Response, error) {
 	if ar.resp != nil {
 		resp := ar.resp
 		ar.resp = nil
-		return r.deliver(resp, ar.peek, ar.peekErr, ar, r.ledger.AmbiguousStatus), nil
+		out := r.deliver(resp, ar.peek, ar.peekErr, ar, r.ledger.AmbiguousStatus)
+		out.Body.(*responseBody).peekBuf, ar.peekBuf, ar.peek = ar.peekBuf, nil, nil
+		return out, nil
 	}
 	ar.done()
 	if rec.Evidence != engine.NotSent {
@@ -669,6 +697,7 @@ func (r *run) deliver(resp *http.Response, peek []byte, peekErr error, ar *attem
 type responseBody struct {
 	rc      io.ReadCloser
 	peek    []byte
+	peekBuf *[]byte
 	peekErr error
 	r       *run
 	ar      *attemptResult
@@ -679,6 +708,10 @@ func (b *responseBody) Read(p []byte) (int, error) {
 	if len(b.peek) > 0 {
 		n := copy(p, b.peek)
 		b.peek = b.peek[n:]
+		if len(b.peek) == 0 {
+			b.peek = nil
+			putPeek(&b.peekBuf)
+		}
 		return n, nil
 	}
 	var n int
@@ -711,6 +744,8 @@ func (b *responseBody) interrupted(err error) {
 }
 
 func (b *responseBody) Close() error {
+	b.peek = nil
+	putPeek(&b.peekBuf)
 	err := b.rc.Close()
 	b.finish()
 	return err

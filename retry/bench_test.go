@@ -1,0 +1,82 @@
+package retry
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+// BenchmarkTransport compares keep-alive GETs over loopback through
+// Transport (on NewHTTPTransport) with the bare http.Transport.
+func BenchmarkTransport(b *testing.B) {
+	body := make([]byte, 512)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
+	defer srv.Close()
+	run := func(b *testing.B, rt http.RoundTripper) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	}
+	b.Run("bare", func(b *testing.B) {
+		t := &http.Transport{MaxIdleConnsPerHost: 64}
+		defer t.CloseIdleConnections()
+		run(b, t)
+	})
+	b.Run("egret", func(b *testing.B) {
+		base := NewHTTPTransport(HTTPOptions{})
+		defer base.CloseIdleConnections()
+		run(b, &Transport{Base: base})
+	})
+	// interleaved alternates the two on the same server so that machine
+	// noise hits both alike; it reports the ratio of their mean latencies.
+	b.Run("interleaved", func(b *testing.B) {
+		bare := &http.Transport{MaxIdleConnsPerHost: 64}
+		defer bare.CloseIdleConnections()
+		base := NewHTTPTransport(HTTPOptions{})
+		defer base.CloseIdleConnections()
+		eg := &Transport{Base: base}
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		one := func(rt http.RoundTripper) time.Duration {
+			start := time.Now()
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return time.Since(start)
+		}
+		var tb, te time.Duration
+		n := 0
+		for b.Loop() {
+			if n%2 == 0 {
+				tb += one(bare)
+				te += one(eg)
+			} else {
+				te += one(eg)
+				tb += one(bare)
+			}
+			n++
+		}
+		b.ReportMetric(float64(tb.Nanoseconds())/float64(n), "bare-ns/req")
+		b.ReportMetric(float64(te.Nanoseconds())/float64(n), "egret-ns/req")
+		b.ReportMetric(float64(te)/float64(tb), "egret/bare")
+	})
+	b.Run("egret+tcp_info", func(b *testing.B) {
+		base := NewHTTPTransport(HTTPOptions{})
+		defer base.CloseIdleConnections()
+		run(b, &Transport{Base: base, Witness: tcpInfoForBench()})
+	})
+}
