@@ -38,6 +38,28 @@ func TestSizes(t *testing.T) {
 	}
 }
 
+// An entry can turn off TLS its defaults turn on; what it inherited of TLS
+// goes with it.
+func TestTLSOffDropsInherited(t *testing.T) {
+	dir := t.TempDir()
+	newPKI(t, dir)
+	p, err := Load(writeFile(t, dir, "p.yaml", "defaults:\n  tls: {enabled: true, ca_file: ca.pem}\nupstreams:\n  - host: plain.test\n    tls: {enabled: false}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := p.Match("plain.test", 80); u.TLS != (TLS{}) || u.TLSConfig() != nil {
+		t.Errorf("plain.test TLS %+v", u.TLS)
+	}
+	if u := p.Match("other.test", 443); !u.TLS.Enabled || u.TLSConfig() == nil || u.TLSConfig().RootCAs == nil {
+		t.Errorf("other.test TLS %+v", u.TLS)
+	}
+	// Setting a TLS field in the same entry that turns TLS off is an error.
+	_, err = Load(writeFile(t, dir, "q.yaml", "defaults:\n  tls: {enabled: true}\nupstreams:\n  - host: plain.test\n    tls: {enabled: false, ca_file: ca.pem}\n"))
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "q.yaml:5:36: upstreams[0].tls.ca_file") {
+		t.Errorf("error %v", err)
+	}
+}
+
 func TestWarnings(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "tok", "t")

@@ -143,11 +143,16 @@ func (r *resolver) check(u *Upstream, o origins) {
 			"protocol h2c is cleartext HTTP/2 but tls.enabled is true (use h2 or auto)")
 	}
 	if !u.TLS.Enabled {
+		// A field set where TLS is off (or later) is a mistake; one
+		// inherited from a layer that an entry overrides with enabled:
+		// false is dropped with the rest of TLS.
+		off, offSet := o["tls.enabled"]
 		for _, f := range []string{"tls.server_name", "tls.ca_file", "tls.cert_file", "tls.key_file", "tls.insecure_skip_verify"} {
-			if _, ok := o[f]; ok {
+			if g, ok := o[f]; ok && (!offSet || g.rank >= off.rank) {
 				r.conflict(o, []string{f, "tls.enabled"}, "%s is set but tls.enabled is not true", f)
 			}
 		}
+		u.TLS = TLS{}
 	}
 	if (u.TLS.CertFile == "") != (u.TLS.KeyFile == "") {
 		r.conflict(o, []string{"tls.cert_file", "tls.key_file"}, "tls.cert_file and tls.key_file go together")
