@@ -181,3 +181,40 @@ func TestExpectContinue(t *testing.T) {
 		t.Fatalf("body %q", got)
 	}
 }
+
+func TestEarlyAnswerToOneShotBodyClosesConnection(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, smallBodies)})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	// 50 of 1000 bytes, and the client pauses.
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n%s", up.url("/upload"), strings.Repeat("a", 50))
+	start := time.Now()
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("early answer took %v", d)
+	}
+	if !resp.Close {
+		t.Error("the answer does not say Connection: close")
+	}
+	io.Copy(io.Discard, resp.Body)
+	// The rest of the body is still on the connection: it cannot carry
+	// another request, so the proxy closes it.
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("the connection stayed open with an unread body on it")
+	}
+}

@@ -149,7 +149,9 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	}
 	out := c.outgoing(req, tg, body, x)
 	resp, err := c.s.runner.RoundTrip(out)
-	keep := !req.Close && !c.s.closing.Load()
+	// A one-shot body the upstream has not read to its end leaves the rest
+	// on the connection: answer with Connection: close.
+	keep := !req.Close && !c.s.closing.Load() && body.Done()
 	if err != nil {
 		keep = c.answerFailure(req, x, err, start, keep)
 	} else {

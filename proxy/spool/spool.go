@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/egret-proxy/egret/engine"
 )
@@ -55,11 +56,13 @@ type Body struct {
 	file *os.File
 	size int64 // bytes held (mem or file); -1 unknown for a one-shot stream
 
-	mu       sync.Mutex
-	r        io.Reader // the first dispatch's reader
-	eof      bool
-	closed   bool
-	consumed int64
+	// r is the first dispatch's reader; one goroutine reads it at a time
+	// (the transport's writer). The flags are atomic so that Done and
+	// Release never wait for a read blocked on the client.
+	r      io.Reader
+	eof    atomic.Bool
+	closed atomic.Bool
+	mu     sync.Mutex // serialises Reopen and Release
 }
 
 // New reads src according to its declared length: contentLength >= 0 is the
@@ -188,15 +191,12 @@ func (b *Body) Path() string {
 
 // Read reads the first dispatch of the body.
 func (b *Body) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	if b.closed.Load() {
 		return 0, ErrClosed
 	}
 	n, err := b.r.Read(p)
-	b.consumed += int64(n)
 	if err == io.EOF {
-		b.eof = true
+		b.eof.Store(true)
 	}
 	return n, err
 }
@@ -204,9 +204,7 @@ func (b *Body) Read(p []byte) (int, error) {
 // Done reports whether the first dispatch's reader reached the end of the
 // body, i.e. nothing of the client's stream is left unread.
 func (b *Body) Done() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.eof || b.kind != engine.BodyOneShot
+	return b.kind != engine.BodyOneShot || b.eof.Load()
 }
 
 // Reopen returns a new reader of the whole body, for another attempt (it
@@ -216,7 +214,7 @@ func (b *Body) Reopen() (io.ReadCloser, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
-	case b.closed:
+	case b.closed.Load():
 		return nil, ErrClosed
 	case b.kind == engine.BodyOneShot:
 		return nil, ErrNotReplayable
@@ -233,10 +231,7 @@ type reopened struct {
 }
 
 func (r *reopened) Read(p []byte) (int, error) {
-	r.b.mu.Lock()
-	closed := r.b.closed
-	r.b.mu.Unlock()
-	if closed {
+	if r.b.closed.Load() {
 		return 0, ErrClosed
 	}
 	return r.r.Read(p)
@@ -254,10 +249,9 @@ func (b *Body) Close() error { return nil }
 func (b *Body) Release() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed {
+	if b.closed.Swap(true) {
 		return nil
 	}
-	b.closed = true
 	if b.file != nil {
 		err := b.file.Close()
 		if rerr := os.Remove(b.file.Name()); err == nil {
