@@ -104,8 +104,8 @@ func (s *Server) newRunner() http.RoundTripper {
 			return b.Acquire(ctx)
 		},
 		OnTrace: func(tr *retry.Trace) {
-			s.cfg.Traces.Put(tr)
 			s.cfg.Metrics.trace(tr)
+			s.cfg.Traces.Put(tr)
 		},
 		Metrics: s.cfg.RetryMetrics,
 	}

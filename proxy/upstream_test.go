@@ -1,0 +1,132 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/egret-proxy/egret/proxy/policy"
+)
+
+func TestTLSOrigination(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "tls=%v proto=%s", r.TLS != nil, r.Proto)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := srv.Listener.Addr().(*net.TCPAddr)
+	doc := fmt.Sprintf(`
+upstreams:
+  - host: 127.0.0.1
+    port: %d
+    protocol: http1
+    tls:
+      enabled: true
+      ca_file: %s
+`, addr.Port, ca)
+	p, err := policy.Parse(filepath.Join(dir, "p.yaml"), []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, Config{Policy: StaticPolicy{p}})
+	// The client speaks plain HTTP; egret speaks TLS to the upstream.
+	resp, err := px.client().Get(fmt.Sprintf("http://127.0.0.1:%d/", addr.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp.Body); got != "tls=true proto=HTTP/1.1" {
+		t.Fatalf("upstream saw %q (status %d)", got, resp.StatusCode)
+	}
+}
+
+func TestInjectedIdempotencyKeyMakesPostRetryable(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	addr, _ := faultServer(t, func(c net.Conn, br *bufio.Reader) {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		mu.Lock()
+		keys = append(keys, req.Header.Get("Idempotency-Key"))
+		n := len(keys)
+		mu.Unlock()
+		if n == 1 {
+			resetConn(c) // executed, no answer: only a key makes a retry safe
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone")
+	})
+	host, port, _ := net.SplitHostPort(addr)
+	px := startProxy(t, Config{Policy: mustPolicy(t, fastRetries+fmt.Sprintf(`
+upstreams:
+  - host: %s
+    port: %s
+    honours_idempotency_key: true
+    inject_idempotency_key: true
+`, host, port))})
+	resp, err := px.client().Post("http://"+addr+"/orders", "text/plain", strings.NewReader("one order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 201 {
+		t.Fatalf("status %d %s=%q", resp.StatusCode, HeaderOutcome, resp.Header.Get(HeaderOutcome))
+	}
+	checkEgretHeaders(t, resp, "2")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] {
+		t.Fatalf("Idempotency-Key per attempt %q: want the same injected key twice", keys)
+	}
+}
+
+func TestMetricsCountOutcomes(t *testing.T) {
+	m := testMetrics(t)
+	var n int
+	var mu sync.Mutex
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		k := n
+		mu.Unlock()
+		if k == 1 {
+			w.WriteHeader(503)
+		}
+	})
+	px := startProxy(t, Config{Metrics: m, Policy: mustPolicy(t, fastRetries)})
+	resp, err := px.client().Get(up.url("/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp.Body)
+	rawRequest(t, px.addr, "GET / HTTP/1.1\r\nHost: x\r\n\r\n") // rejected
+	waitTrace(px, resp.Header.Get(HeaderRequestID))
+	for _, c := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"requests{relayed}", counterValue(t, m.requests.WithLabelValues(labelRelayed)), 1},
+		{"requests{rejected}", counterValue(t, m.requests.WithLabelValues(labelRejected)), 1},
+		{"attempts", counterValue(t, m.attempts), 2},
+		{"retries{status}", counterValue(t, m.retries.WithLabelValues("status")), 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
