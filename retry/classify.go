@@ -209,7 +209,7 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 		return engine.PoolTimeout, StagePool
 	}
 	switch {
-	case timedOut && !a.firstByte:
+	case timedOut && !a.firstByte, errors.Is(err, errAttemptTimeout):
 		return engine.ResponseTimeout, StageHeaders
 	case a.writeErr != nil:
 		return engine.WriteFailed, StageWrite

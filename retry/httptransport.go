@@ -105,14 +105,15 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 		opts.IdleConnTimeout = 4 * time.Second
 	}
 	t := &HTTPTransport{opts: opts}
-	t.dial = opts.DialContext
-	if t.dial == nil {
+	if opts.DialContext != nil {
+		t.dial = tracedDial(opts.DialContext)
+	} else {
 		d := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive}
 		if opts.Mark != 0 {
 			mark := opts.Mark
 			d.Control = func(network, address string, c syscall.RawConn) error { return setMark(c, mark) }
 		}
-		t.dial = d.DialContext
+		t.dial = d.DialContext // net.Dialer reports DNS and connect to httptrace itself
 	}
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
@@ -196,6 +197,22 @@ func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string) (ne
 		wc.armAtBirth(w)
 	}
 	return wc, nil
+}
+
+// tracedDial reports a custom dialer's work to the request's httptrace as
+// a connect, so that a timeout inside it is told as connect_timeout.
+func tracedDial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		trace := httptrace.ContextClientTrace(ctx)
+		if trace != nil && trace.ConnectStart != nil {
+			trace.ConnectStart(network, addr)
+		}
+		c, err := dial(ctx, network, addr)
+		if trace != nil && trace.ConnectDone != nil {
+			trace.ConnectDone(network, addr, err)
+		}
+		return c, err
+	}
 }
 
 // witnessKey carries the retry Transport's witness to the dialer.

@@ -627,7 +627,7 @@ func (r *run) stop(cause error) (*http.Response, error) {
 	if r.kept != nil && (r.idempotent || !r.keptAfter) {
 		return r.deliver(r.kept, nil, nil, nil, r.keptAmbig), nil
 	}
-	return nil, r.failWith(cause)
+	return nil, r.fail(cause)
 }
 
 // finish tells the caller how the request ended after the engine's last
@@ -650,16 +650,11 @@ func (r *run) finish(ar *attemptResult, rec *Attempt) (*http.Response, error) {
 	if r.kept != nil && (r.idempotent || !r.keptAfter) {
 		return r.deliver(r.kept, nil, nil, nil, r.keptAmbig), nil
 	}
-	return nil, r.failWith(ar.err)
-}
-
-// failWith builds the error of a request that ends without a response.
-func (r *run) failWith(cause error) error {
-	r.cancel()
-	return r.fail(cause)
+	return nil, r.fail(ar.err)
 }
 
 func (r *run) fail(cause error) error {
+	r.cancel()
 	o := r.ledger.Outcome(r.idempotent, false)
 	r.trace.Outcome = o
 	status := r.ledger.Status(o)

@@ -279,3 +279,28 @@ func TestDeadlineStopsRetries(t *testing.T) {
 		t.Fatalf("attempts %d, last %+v", len(e.Trace.Attempts), last.Decision)
 	}
 }
+
+// TestNoHiddenRetryOfPOSTWithIdempotencyKey: net/http replays a request that
+// carries an Idempotency-Key on its own; the upstream does not declare that
+// it honours keys, so the POST is not idempotent and must not run twice.
+func TestNoHiddenRetryOfPOSTWithIdempotencyKey(t *testing.T) {
+	var executed atomic.Int64
+	srv := staleAfterFirst(t, &executed)
+	tr, _, _ := testTransport(t, nil)
+	resp, err := tr.RoundTrip(get(t, srv.url()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	req := post(t, srv.url(), "charge 10")
+	req.Header.Set("Idempotency-Key", "k-1")
+	_, err = tr.RoundTrip(req)
+	var a *AmbiguousError
+	if !errors.As(err, &a) {
+		t.Fatalf("err %v, want ambiguous", err)
+	}
+	if executed.Load() != 2 || srv.conns.Load() != 1 {
+		t.Fatalf("executed %d on %d connections: net/http replayed the POST", executed.Load(), srv.conns.Load())
+	}
+}

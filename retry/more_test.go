@@ -1,0 +1,333 @@
+package retry
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/engine"
+)
+
+// bodies records the bodies the server received.
+type bodies struct {
+	mu sync.Mutex
+	b  []string
+}
+
+func (b *bodies) add(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b = append(b.b, s)
+	return len(b.b)
+}
+
+func (b *bodies) all() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.b...)
+}
+
+func TestRetriedBodyIsReplayedWhole(t *testing.T) {
+	var got bodies
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if got.add(string(b)) == 1 {
+			w.WriteHeader(503)
+			return
+		}
+		io.WriteString(w, "stored")
+	}))
+	defer srv.Close()
+	tr, _, _ := testTransport(t, nil)
+	payload := strings.Repeat("0123456789", 10000)
+	req, _ := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader(payload))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	b := got.all()
+	if resp.StatusCode != 200 || len(b) != 2 || b[0] != payload || b[1] != payload {
+		t.Fatalf("status %d, %d bodies", resp.StatusCode, len(b))
+	}
+}
+
+// fileBody is a body spooled to a file that reopens it (like the proxy's).
+type fileBody struct {
+	*os.File
+}
+
+func (fileBody) BodyKind() engine.Body { return engine.BodyReopenable }
+
+func TestReopenableBodyKind(t *testing.T) {
+	var got bodies
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if got.add(string(b)) == 1 {
+			w.WriteHeader(502)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	path := filepath.Join(t.TempDir(), "spool")
+	if err := os.WriteFile(path, []byte("spooled body"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := func() (io.ReadCloser, error) {
+		f, err := os.Open(path)
+		return fileBody{f}, err
+	}
+	body, _ := open()
+	req, _ := http.NewRequest(http.MethodPut, srv.URL, body)
+	req.ContentLength = int64(len("spooled body"))
+	req.GetBody = open
+	if BodyKind(req) != engine.BodyReopenable {
+		t.Fatalf("kind %v", BodyKind(req))
+	}
+	tr, _, _ := testTransport(t, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	b := got.all()
+	if resp.StatusCode != 200 || trc.Body != engine.BodyReopenable || len(b) != 2 || b[1] != "spooled body" {
+		t.Fatalf("status %d kind %v bodies %q", resp.StatusCode, trc.Body, b)
+	}
+	// Without GetBody a body that says reopenable cannot keep its word.
+	req2, _ := http.NewRequest(http.MethodPut, srv.URL, body)
+	if BodyKind(req2) != engine.BodyOneShot {
+		t.Fatalf("kind without GetBody %v", BodyKind(req2))
+	}
+}
+
+func TestUnauthorizedRefreshOnce(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if r.Header.Get("Authorization") != "Bearer fresh" {
+			w.WriteHeader(401)
+			return
+		}
+		io.WriteString(w, "welcome")
+	}))
+	defer srv.Close()
+	var refreshes atomic.Int64
+	refresh := func(token string) func(context.Context, *http.Request) error {
+		return func(ctx context.Context, r *http.Request) error {
+			refreshes.Add(1)
+			r.Header.Set("Authorization", "Bearer "+token)
+			return nil
+		}
+	}
+	t.Run("fresh token", func(t *testing.T) {
+		hits.Store(0)
+		refreshes.Store(0)
+		tr, _, _ := testTransport(t, func(p *Policy) { p.Refresh = refresh("fresh") })
+		req := get(t, srv.URL)
+		req.Header.Set("Authorization", "Bearer stale")
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || hits.Load() != 2 || refreshes.Load() != 1 {
+			t.Fatalf("status %d hits %d refreshes %d", resp.StatusCode, hits.Load(), refreshes.Load())
+		}
+		if req.Header.Get("Authorization") != "Bearer stale" {
+			t.Fatal("the caller's request was modified")
+		}
+	})
+	t.Run("still refused: once only", func(t *testing.T) {
+		hits.Store(0)
+		refreshes.Store(0)
+		tr, _, _ := testTransport(t, func(p *Policy) { p.Refresh = refresh("also-stale"); p.MaxAttempts = 5 })
+		resp, err := tr.RoundTrip(get(t, srv.URL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		trc, _ := TraceOf(resp)
+		if resp.StatusCode != 401 || hits.Load() != 2 || refreshes.Load() != 1 ||
+			trc.Attempts[1].Decision.Reason != engine.ReasonUnauthorized {
+			t.Fatalf("status %d hits %d refreshes %d", resp.StatusCode, hits.Load(), refreshes.Load())
+		}
+	})
+	t.Run("not idempotent: no refresh", func(t *testing.T) {
+		hits.Store(0)
+		refreshes.Store(0)
+		tr, _, _ := testTransport(t, func(p *Policy) { p.Refresh = refresh("fresh") })
+		resp, err := tr.RoundTrip(post(t, srv.URL, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 401 || hits.Load() != 1 || refreshes.Load() != 0 {
+			t.Fatalf("status %d hits %d refreshes %d", resp.StatusCode, hits.Load(), refreshes.Load())
+		}
+	})
+}
+
+func TestDrainingDeniesRetries(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(503)
+	}))
+	defer srv.Close()
+	tr, _, _ := testTransport(t, nil)
+	tr.Draining = func() bool { return true }
+	resp, err := tr.RoundTrip(get(t, srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	if hits.Load() != 1 || trc.Attempts[0].Decision.Reason != engine.ReasonRuntimeDraining {
+		t.Fatalf("hits %d decision %+v", hits.Load(), trc.Attempts[0].Decision)
+	}
+}
+
+// TestKeptResponseIsNotReturnedOverAmbiguity: a POST answered 429, then
+// sent again and reset after the server read it. Returning the 429 would
+// tell the caller it did not run, which may be false.
+func TestKeptResponseIsNotReturnedOverAmbiguity(t *testing.T) {
+	var executed atomic.Int64
+	var n atomic.Int64
+	srv := newRawServer(t, func(c net.Conn, _ int) {
+		br := bufio.NewReader(c)
+		for {
+			if _, _, err := readReq(br); err != nil {
+				return
+			}
+			if n.Add(1) == 1 {
+				io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0\r\nContent-Length: 4\r\n\r\nslow")
+				continue
+			}
+			executed.Add(1)
+			reset(c)
+			return
+		}
+	})
+	tr, _, _ := testTransport(t, nil)
+	_, err := tr.RoundTrip(post(t, srv.url(), "order"))
+	var a *AmbiguousError
+	if !errors.As(err, &a) || a.Attempts != 2 || executed.Load() != 1 {
+		t.Fatalf("err %v executed %d", err, executed.Load())
+	}
+}
+
+func TestCallerCancelDuringWait(t *testing.T) {
+	tr, _, traces := testTransport(t, nil)
+	tr.Sleep = nil
+	tr.Policy = func(*http.Request) Policy {
+		p := DefaultPolicy("")
+		p.Backoff = engine.Backoff{Kind: engine.FullJitter, Base: time.Second, Max: time.Second}
+		return p
+	}
+	tr.Rand = constRand{}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := tr.RoundTrip(post(t, closedPort(t), "x").WithContext(ctx))
+	if time.Since(start) > 900*time.Millisecond {
+		t.Fatalf("the wait did not honour cancellation: %v", time.Since(start))
+	}
+	var e *Error
+	if !errors.As(err, &e) || !errors.Is(err, context.Canceled) || e.Outcome != engine.OutcomeNotSent {
+		t.Fatalf("err %v", err)
+	}
+	if len(*traces) != 1 {
+		t.Fatalf("OnTrace %d times", len(*traces))
+	}
+}
+
+// constRand always draws the top of the range.
+type constRand struct{}
+
+func (constRand) Int64N(n int64) int64 { return n - 1 }
+
+func TestInvalidRequestNeverDispatched(t *testing.T) {
+	tr, _, _ := testTransport(t, nil)
+	req := get(t, "http://127.0.0.1:9/")
+	req.URL.Scheme = "ftp"
+	_, err := tr.RoundTrip(req)
+	var e *Error
+	if !errors.As(err, &e) || !errors.Is(err, ErrRequestInvalid) || e.Trace.Attempts[0].Failure != engine.RequestInvalid {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1)%2 == 1 {
+			w.WriteHeader(503)
+		}
+	}))
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, _, _ := testTransport(t, nil)
+	tr.Metrics = m
+	for range 3 {
+		resp, err := tr.RoundTrip(get(t, srv.URL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if got := counterValue(t, reg, "egret_retry_decisions_total", "decision", "retry"); got != 3 {
+		t.Fatalf("retry decisions %v", got)
+	}
+	if got := counterValue(t, reg, "egret_retry_outcomes_total", "outcome", "response"); got != 3 {
+		t.Fatalf("outcomes %v", got)
+	}
+	if got := counterValue(t, reg, "egret_retry_attempts_total", "category", "none"); got != 6 {
+		t.Fatalf("attempts %v", got)
+	}
+	if _, err := NewMetrics(reg); err == nil {
+		t.Fatal("registering twice succeeded")
+	}
+}
+
+// counterValue sums the counters of family name whose label has value.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
