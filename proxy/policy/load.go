@@ -22,7 +22,7 @@ func Parse(name string, data []byte) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return build(name, []*rawDoc{doc})
+	return build(name, []*rawDoc{doc}, nil)
 }
 
 // Load reads and parses the policy file at path.
@@ -69,10 +69,12 @@ func fileError(path string, err error) *Error {
 //
 // Precedence, most general first: embedded defaults, base defaults,
 // override defaults, base entry, override entry. An override entry with the
-// same host and port as a base entry refines it field by field; a new one
-// is added. So an override's defaults change every base entry that does not
-// set the field itself, and to change a field a base entry sets, the
-// override names that entry. name is used in error messages.
+// same host and port as a base entry refines it field by field. An entry
+// the base does not have must name an exact host and a port; it refines the
+// base entry that matches that destination (so the node's TLS, credential
+// and budget still apply to it). An override's defaults change every base
+// entry that does not set the field itself; to change a field a base entry
+// sets, the override names that entry. name is used in error messages.
 func Overlay(base *Policy, name string, override []byte) (*Policy, error) {
 	doc, err := decode(name, override, true)
 	if err != nil {
@@ -81,7 +83,10 @@ func Overlay(base *Policy, name string, override []byte) (*Policy, error) {
 	docs := make([]*rawDoc, 0, len(base.docs)+1)
 	docs = append(docs, base.docs...)
 	docs = append(docs, doc)
-	return build(base.Source+" + "+name, docs)
+	parents := make([]*Policy, 0, len(base.parents)+1)
+	parents = append(parents, base.parents...)
+	parents = append(parents, base)
+	return build(base.Source+" + "+name, docs, parents)
 }
 
 func decode(name string, data []byte, override bool) (*rawDoc, error) {

@@ -101,11 +101,76 @@ func TestOverlayRefusals(t *testing.T) {
 		// A contradiction with the base is reported in the override.
 		{"upstreams:\n  - host: api.test\n    attempt_timeout: 6s\n", "pod.yaml:3:22: upstreams[0].attempt_timeout", ErrConflict},
 		{"defaults:\n  max_attempts: 0\n", "pod.yaml:2:17: defaults.max_attempts", ErrInvalid},
-		{"upstreams:\n  - host: a.test\n  - host: a.test\n", "pod.yaml:3:11: upstreams[1].host", ErrDuplicate},
+		{"upstreams:\n  - {host: a.test, port: 1}\n  - {host: a.test, port: 1}\n", "pod.yaml:3:12: upstreams[1].host", ErrDuplicate},
+		// New entries name one destination; wildcards are the node's.
+		{"upstreams:\n  - host: a.test\n", "pod.yaml:2:11: upstreams[0].host", ErrNotOverridable},
+		{"upstreams:\n  - {host: \"*.a.test\", port: 80}\n", "pod.yaml:2:12: upstreams[0].host", ErrNotOverridable},
 	} {
 		_, err := Overlay(base, "pod.yaml", []byte(c.yaml))
 		if !errors.Is(err, c.err) || err == nil || !strings.HasPrefix(err.Error(), c.at+": ") {
 			t.Errorf("%q: got %v, want %v at %s", c.yaml, err, c.err, c.at)
 		}
+	}
+}
+
+// A pod's new entry for one destination refines what the node's policy does
+// for that destination: its TLS, credential, budget name and budget stay.
+func TestOverlayNewEntryKeepsNodeSettings(t *testing.T) {
+	dir := t.TempDir()
+	newPKI(t, dir)
+	writeFile(t, dir, "token", "node-token")
+	base, err := Load(writeFile(t, dir, "node.yaml", `upstreams:
+  - host: "*.corp.test"
+    name: corp
+    max_attempts: 4
+    budget: {ratio: 0.5}
+    bulkhead: 7
+    tls: {enabled: true, ca_file: ca.pem}
+    credential: {bearer_token_file: token}
+  - host: plain.test
+    max_attempts: 2
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Overlay(base, "pod.yaml", []byte(`upstreams:
+  - host: api.corp.test
+    port: 443
+    attempt_timeout: 1s
+  - host: plain.test
+    port: 8080
+    max_attempts: 1
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, b := p.Match("api.corp.test", 443), base.Match("api.corp.test", 443)
+	if u.AttemptTimeout != time.Second || u.MaxAttempts != 4 {
+		t.Errorf("override not applied: %+v", u)
+	}
+	if u.Name != b.Name || u.Name != "corp" || u.Budget != b.Budget || u.Bulkhead != 7 ||
+		u.TLSConfig() == nil || u.TLSConfig().RootCAs == nil || u.Refresher() == nil || u.Refresher().Token() != "node-token" {
+		t.Errorf("node settings lost: %+v (base %+v)", u, b)
+	}
+	// Other hosts under the wildcard are not touched.
+	if o := p.Match("www.corp.test", 443); o.AttemptTimeout != 0 || o.Name != "corp" {
+		t.Errorf("www.corp.test: %+v", o)
+	}
+	// A port-less base entry refined for one port: the name is the
+	// destination's, as the base would give it.
+	pl, bpl := p.Match("plain.test", 8080), base.Match("plain.test", 8080)
+	if pl.MaxAttempts != 1 || pl.Name != bpl.Name || pl.Name != "plain.test:8080" {
+		t.Errorf("plain.test:8080 %+v", pl)
+	}
+	if o := p.Match("plain.test", 80); o.MaxAttempts != 2 {
+		t.Errorf("plain.test:80 %+v", o)
+	}
+	// An overlay of an overlay resolves the same way.
+	q, err := Overlay(p, "pod2.yaml", []byte("defaults: {max_attempts: 3}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := q.Match("api.corp.test", 443); u.AttemptTimeout != time.Second || u.Name != "corp" || u.TLSConfig() == nil {
+		t.Errorf("overlay of overlay: %+v", u)
 	}
 }

@@ -144,10 +144,11 @@ type Policy struct {
 	// certificate checks off); a Watcher logs them.
 	Warnings []string
 
-	docs  []*rawDoc // the layers it was resolved from, for Overlay
-	exact map[string]map[int]*Upstream
-	wild  map[string]map[int]*Upstream // key: ".suffix"
-	files []string                     // TLS files, watched for rotation
+	docs    []*rawDoc // the layers it was resolved from, for Overlay
+	parents []*Policy // for an overlay: the policies of docs[:1], docs[:2]...
+	exact   map[string]map[int]*Upstream
+	wild    map[string]map[int]*Upstream // key: ".suffix"
+	files   []string                     // TLS files, watched for rotation
 }
 
 // builtin is the embedded default upstream policy: the spec's simulate
@@ -172,7 +173,7 @@ func builtin() Upstream {
 // 10 a second / 10 s, 15 s overall timeout, 64 KiB in memory, 8 MiB
 // spooled.
 func Default() *Policy {
-	p, err := build("embedded defaults", nil)
+	p, err := build("embedded defaults", nil, nil)
 	if err != nil {
 		panic("policy: embedded defaults do not build: " + err.Error())
 	}

@@ -256,14 +256,19 @@ func (k hostKey) String() string {
 }
 
 // build resolves docs (the base file first, then overrides) over the
-// embedded defaults into a Policy.
-func build(source string, docs []*rawDoc) (*Policy, error) {
+// embedded defaults into a Policy. parents[j], for an overlay, is the
+// Policy of docs[:j+1]; each doc after the first is a per-pod override, and
+// an entry it adds refines the entry of its parent that matches the entry's
+// host and port, so it keeps the node's budget name, budget, bulkhead, body
+// limits, TLS and credential for that destination.
+func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 	r := &resolver{seen: map[string]bool{}}
 	p := &Policy{
-		Source: source,
-		docs:   docs,
-		exact:  map[string]map[int]*Upstream{},
-		wild:   map[string]map[int]*Upstream{},
+		Source:  source,
+		docs:    docs,
+		parents: parents,
+		exact:   map[string]map[int]*Upstream{},
+		wild:    map[string]map[int]*Upstream{},
 	}
 
 	// Ranks: defaults layers first (in file order), then entry layers.
@@ -299,6 +304,19 @@ func build(source string, docs []*rawDoc) (*Policy, error) {
 			g := byKey[k]
 			if g == nil {
 				g = &group{key: k}
+				if i > 0 {
+					base := parents[i-1]
+					if k.port == 0 || k.host[0] == '*' {
+						r.errAt(e.Host.at, ErrNotOverridable,
+							"a pod may add entries for an exact host and port only (the node's policy decides wildcards and port-less entries)")
+						continue
+					}
+					if bu := base.Match(k.host, k.port); bu.Host != "" {
+						bg := byKey[hostKey{bu.Host, bu.Port}]
+						g.layers = append(g.layers, bg.layers...)
+						g.ranks = append(g.ranks, bg.ranks...)
+					}
+				}
 				byKey[k] = g
 				groups = append(groups, g)
 			}
