@@ -371,7 +371,7 @@ func isH2Unusable(err error) bool {
 
 // get returns a connection with a stream reserved for the caller.
 func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool) (*h2Conn, bool, error) {
-	for {
+	for dials := 0; ; {
 		p.mu.Lock()
 		live := p.conns[addr][:0]
 		var found *h2Conn
@@ -405,6 +405,11 @@ func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool) (*h2Conn, bo
 				return nil, false, ctx.Err()
 			}
 		}
+		if dials == 3 {
+			p.mu.Unlock()
+			return nil, false, fmt.Errorf("egret: no HTTP/2 connection to %s takes a new stream", addr)
+		}
+		dials++
 		done := make(chan struct{})
 		p.dialing[addr] = done
 		p.mu.Unlock()

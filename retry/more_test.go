@@ -331,3 +331,26 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 	}
 	return sum
 }
+
+// TestNonIdempotentGETWireFormat: the body that stops net/http's own replay
+// of a non-idempotent GET must not change what goes on the wire.
+func TestNonIdempotentGETWireFormat(t *testing.T) {
+	type seen struct {
+		te []string
+		cl int64
+	}
+	got := make(chan seen, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- seen{r.TransferEncoding, r.ContentLength}
+	}))
+	defer srv.Close()
+	tr, _, _ := testTransport(t, func(p *Policy) { p.Idempotency = engine.Idempotency{RouteSet: true, Route: false} })
+	resp, err := tr.RoundTrip(get(t, srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if s := <-got; len(s.te) != 0 || s.cl != 0 {
+		t.Fatalf("GET went out with transfer-encoding %v content-length %d", s.te, s.cl)
+	}
+}

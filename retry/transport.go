@@ -41,6 +41,21 @@ const DefaultKeepBody = 64 << 10
 // nothing) is allowed by the spec anyway; it is counted in
 // Attempt.HiddenRetries and never lets the attempt claim not_sent.
 //
+// Responses: before a response is returned its first body chunk is read
+// (bounded by the request's deadline, not by AttemptTimeout, which stops at
+// the headers), so that a body that breaks before its first byte is still
+// a retryable body_interrupted attempt. Once returned, a body error goes to
+// the caller (no retry) and is recorded on the trace's last attempt. A
+// response that is retried is kept, its body buffered up to KeepBody, and
+// returned if the later attempts end without a response, unless a
+// non-idempotent request was sent again after it (then the answer is
+// ambiguous: the kept response no longer tells the truth).
+//
+// Errors: *AmbiguousError (errors.Is ErrAmbiguous) when a non-idempotent
+// request may have run; otherwise *Error (ErrNotSent or ErrFailed). Both
+// carry the attempts, the trace, the status a proxy answers, and unwrap to
+// the last attempt's cause.
+//
 // The zero value is usable. Fields must not change once requests run.
 type Transport struct {
 	// Base runs one attempt. nil: NewHTTPTransport(HTTPOptions{}).
@@ -226,7 +241,8 @@ func (r *run) do() (*http.Response, error) {
 	r.kind = BodyKind(req)
 	r.ctx, r.cancel = req.Context(), func() {}
 	if r.pol.Timeout > 0 {
-		r.ctx, r.cancel = context.WithDeadline(r.ctx, r.start.Add(r.pol.Timeout))
+		// Deadlines run on the real clock whatever Now says.
+		r.ctx, r.cancel = context.WithTimeout(r.ctx, r.pol.Timeout)
 	}
 	r.trace = &Trace{
 		RequestID:  req.Header.Get("Egret-Request-Id"),
@@ -362,10 +378,10 @@ func (a *attemptTimer) hasFired() bool {
 }
 
 // attempt runs attempt n and classifies how it ended.
-func (r *run) attempt(n int, body io.ReadCloser) (*attemptResult, Attempt) {
+func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt) {
 	t := r.t
-	rec := Attempt{N: n, Start: t.now()}
-	ar := &attemptResult{}
+	rec = Attempt{N: n, Start: t.now()}
+	ar = &attemptResult{}
 	// Only an attempt timeout needs a context of its own; the request's
 	// context bounds the rest.
 	actx, cancel := r.ctx, context.CancelCauseFunc(func(error) {})
@@ -406,7 +422,9 @@ func (r *run) attempt(n int, body io.ReadCloser) (*attemptResult, Attempt) {
 			rec.Stage, rec.Failure, rec.Evidence, rec.Err = StagePool, engine.PoolTimeout, engine.NotSent, err.Error()
 			return ar, rec
 		}
-		ar.release = release
+		if release != nil {
+			ar.release = release
+		}
 	}
 
 	areq := r.work.WithContext(actx)
@@ -543,7 +561,7 @@ func (r *run) decide(n int, rec *Attempt, ar *attemptResult) engine.Result {
 		PrevWait:          r.ledger.PrevWait,
 	}
 	if dl, ok := r.ctx.Deadline(); ok {
-		in.HasDeadline, in.DeadlineRemaining = true, dl.Sub(now)
+		in.HasDeadline, in.DeadlineRemaining = true, time.Until(dl)
 	}
 	// A success is never retried and consults nothing: spare the budget's
 	// lock on the hot path.

@@ -269,8 +269,8 @@ func TestResponseTimeout(t *testing.T) {
 		if !errors.As(err, &e) || e.Outcome != engine.OutcomeFailed || e.Status != 504 || e.Attempts != 3 {
 			t.Fatalf("err %v", err)
 		}
-		if e.Trace.Attempts[0].Failure != engine.ResponseTimeout {
-			t.Fatalf("failure %v", e.Trace.Attempts[0].Failure)
+		if a := e.Trace.Attempts[0]; a.Failure != engine.ResponseTimeout || a.Duration < 100*time.Millisecond {
+			t.Fatalf("failure %v after %v", a.Failure, a.Duration)
 		}
 		if executed.Load() != 3 {
 			t.Fatalf("executed %d", executed.Load())
