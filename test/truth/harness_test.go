@@ -27,6 +27,7 @@ import (
 type upstreams struct {
 	ledger  *ledger.Server
 	h1      net.Addr
+	h1v6    net.Addr // HTTP/1.1 on [::1] (nil without IPv6 loopback)
 	h2c     net.Addr
 	tls     net.Addr
 	refused *ledger.Refuser
@@ -40,6 +41,12 @@ func startUpstreams(t *testing.T) *upstreams {
 	u.ledger, u.h1 = ledger.Start(t)
 	if u.h2c, err = u.ledger.Listen("tcp", "127.0.0.1:0"); err != nil {
 		t.Fatal(err)
+	}
+	if a, err := u.ledger.Listen("tcp6", "[::1]:0"); err == nil {
+		u.h1v6 = a
+	} else {
+		t.Logf("no IPv6 loopback (%v): HTTP/1.1 over 127.0.0.1 instead", err)
+		u.h1v6 = u.h1
 	}
 	if u.tls, err = u.ledger.ListenTLS("tcp", "127.0.0.1:0"); err != nil {
 		t.Fatal(err)
