@@ -86,6 +86,10 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		c.refuse(req, id, start, http.StatusBadRequest, err.Error())
 		return false
 	}
+	if c.s.cfg.Via != "" && viaLoops(req.Header, c.s.cfg.Via) {
+		c.refuse(req, id, start, http.StatusLoopDetected, "request already went through this proxy (Via)")
+		return false
+	}
 	if wantsUpgrade(req) {
 		c.upgrade(req, head, tg, id, start)
 		return false
@@ -434,4 +438,18 @@ func (c *conn) upgrade(req *http.Request, head []byte, tg target, id string, sta
 	c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", req.URL.String(),
 		"attempts", 1, "outcome", "upgrade", "duration", time.Since(start))
 	c.passthrough(ProtoUpgrade, addr, prefix)
+}
+
+// viaLoops reports whether a Via header of h names pseudonym as a
+// recipient: the request came back to the proxy that forwarded it.
+func viaLoops(h http.Header, pseudonym string) bool {
+	for _, v := range h["Via"] {
+		for hop := range strings.SplitSeq(v, ",") {
+			f := strings.Fields(hop)
+			if len(f) >= 2 && f[1] == pseudonym {
+				return true
+			}
+		}
+	}
+	return false
 }

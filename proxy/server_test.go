@@ -309,3 +309,53 @@ func captureClientHello(t *testing.T) []byte {
 	b.Close()
 	return buf[:n]
 }
+
+func TestViaAddedAndLoopRefused(t *testing.T) {
+	seen := make(chan string, 1)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { seen <- r.Header.Get("Via") })
+	p := startProxy(t, Config{Via: "egret"})
+	resp := rawRequest(t, p.addr, "GET "+up.url("/")+" HTTP/1.1\r\nHost: x\r\nVia: 1.1 corp-proxy\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if v := <-seen; v != "1.1 corp-proxy, 1.1 egret" && v != "1.1 corp-proxy" {
+		t.Fatalf("upstream Via %q", v)
+	}
+	// A request that already went through this proxy is refused.
+	resp = rawRequest(t, p.addr, "GET "+up.url("/")+" HTTP/1.1\r\nHost: x\r\nVia: 1.1 corp, 1.1 egret\r\n\r\n")
+	if resp.StatusCode != http.StatusLoopDetected {
+		t.Fatalf("request with our Via: status %d, want 508", resp.StatusCode)
+	}
+	// A request to the proxy's own address ends (it arrives back in origin
+	// form and is refused) instead of chaining connections forever.
+	resp = rawRequest(t, p.addr, "GET http://"+p.addr+"/ HTTP/1.1\r\nHost: "+p.addr+"\r\n\r\n")
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("request to itself: status %d, want the inner 400 relayed", resp.StatusCode)
+	}
+}
+
+func TestPipelinedRequests(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.URL.Path) })
+	p := startProxy(t, Config{})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	var all strings.Builder
+	for _, path := range []string{"/one", "/two", "/three"} {
+		fmt.Fprintf(&all, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url(path))
+	}
+	io.WriteString(c, all.String()) // all three in one write
+	br := bufio.NewReader(c)
+	for _, want := range []string{"/one", "/two", "/three"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(t, resp.Body); got != want {
+			t.Fatalf("answer %q, want %q (in order)", got, want)
+		}
+	}
+}
