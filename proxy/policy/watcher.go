@@ -42,6 +42,9 @@ type Watcher struct {
 	refs    map[string]os.FileInfo // files the current policy names
 	missing bool
 	polls   int
+	// lastRefusal is the error of the last refused load ("" after a
+	// success): the same problems are logged and counted once.
+	lastRefusal string
 }
 
 // NewWatcher loads the policy file at path and returns a Watcher serving it.
@@ -141,7 +144,10 @@ func (w *Watcher) poll() {
 	}
 	w.stat = fi
 	h := sha256.Sum256(data)
-	if h == w.hash && !refsChanged {
+	// A refused file is tried again now and then, unchanged: what it
+	// lacked (a certificate, a token) may have appeared since.
+	retry := w.lastRefusal != "" && w.polls%rehashEvery == 0
+	if h == w.hash && !refsChanged && !retry {
 		return
 	}
 	w.hash = h
@@ -151,17 +157,13 @@ func (w *Watcher) poll() {
 // load parses data and puts it in force, or refuses it. w.mu is held.
 func (w *Watcher) load(data []byte) error {
 	p, err := Parse(w.path, data)
+	w.refs = statFiles(w.cur.Load()) // seen as they are now, whatever follows
 	if err != nil {
 		w.refused(err)
 		return err
 	}
-	refs := make(map[string]os.FileInfo, len(p.files))
-	for _, f := range p.files {
-		if fi, err := os.Stat(f); err == nil {
-			refs[f] = fi
-		}
-	}
-	w.refs = refs
+	w.refs = statFiles(p)
+	w.lastRefusal = ""
 	w.cur.Store(p)
 	w.metrics.success(time.Now())
 	w.logger.Info("policy loaded", "path", w.path, "upstreams", len(p.Upstreams),
@@ -172,7 +174,12 @@ func (w *Watcher) load(data []byte) error {
 	return nil
 }
 
+// refused logs and counts a refusal, once for the same problems.
 func (w *Watcher) refused(err error) {
+	if err.Error() == w.lastRefusal {
+		return
+	}
+	w.lastRefusal = err.Error()
 	w.metrics.failure()
 	attrs := []any{"path", w.path, "error", err.Error()}
 	var es Errors
@@ -188,6 +195,20 @@ func (w *Watcher) refused(err error) {
 	} else {
 		w.logger.Error("policy refused", attrs...)
 	}
+}
+
+// statFiles stats the files p names (none for nil).
+func statFiles(p *Policy) map[string]os.FileInfo {
+	if p == nil {
+		return nil
+	}
+	refs := make(map[string]os.FileInfo, len(p.files))
+	for _, f := range p.files {
+		if fi, err := os.Stat(f); err == nil {
+			refs[f] = fi
+		}
+	}
+	return refs
 }
 
 // refsChanged reports whether a file the current policy names changed.

@@ -325,3 +325,46 @@ func TestWatcherReloadsOnTLSRotation(t *testing.T) {
 		t.Errorf("successes %v", reloads(t, reg, "success"))
 	}
 }
+
+// A policy refused for a file it names is tried again, unchanged, once the
+// file is there; while it is missing, the refusal is logged once.
+func TestWatcherRetriesWhenNamedFileAppears(t *testing.T) {
+	r := startWatcher(t, policyFile(2))
+	dir := filepath.Dir(r.path)
+	r.write(t, "upstreams:\n  - host: api.test\n    max_attempts: 3\n    tls: {enabled: true, ca_file: later/ca.pem}\n")
+	eventually(t, "the refusal", func() bool { return reloads(t, r.reg, "failure") == 1 })
+	time.Sleep(3 * rehashEvery * r.w.Interval) // several retries
+	if got := reloads(t, r.reg, "failure"); got != 1 {
+		t.Errorf("the same refusal counted %v times", got)
+	}
+	if n := strings.Count(r.logs.String(), "policy refused"); n != 1 {
+		t.Errorf("the same refusal logged %d times", n)
+	}
+	if r.attempts() != 2 {
+		t.Fatalf("attempts %d", r.attempts())
+	}
+	if err := os.Mkdir(filepath.Join(dir, "later"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	newPKI(t, filepath.Join(dir, "later"))
+	eventually(t, "the policy in force once its CA exists", func() bool { return r.attempts() == 3 })
+
+	// The CA file goes away under a running policy: one refusal, the
+	// policy stays; it comes back: loaded again.
+	ca := filepath.Join(dir, "later", "ca.pem")
+	data, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(ca); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a refusal for the missing CA", func() bool { return reloads(t, r.reg, "failure") == 2 })
+	time.Sleep(3 * rehashEvery * r.w.Interval)
+	if got := reloads(t, r.reg, "failure"); got != 2 || r.attempts() != 3 {
+		t.Errorf("failures %v attempts %d", got, r.attempts())
+	}
+	successes := reloads(t, r.reg, "success")
+	writeFile(t, filepath.Join(dir, "later"), "ca.pem", string(data))
+	eventually(t, "a reload once the CA is back", func() bool { return reloads(t, r.reg, "success") > successes })
+}
