@@ -72,6 +72,8 @@ func child(mode string) int {
 	}
 	enc := json.NewEncoder(os.Stdout)
 	switch mode {
+	case "bench":
+		return benchChild()
 	case "get":
 		tr := &http.Transport{DisableKeepAlives: true}
 		_ = enc.Encode(do(&http.Client{Transport: tr, Timeout: 20 * time.Second}, req))
@@ -168,9 +170,14 @@ func (p *pod) goClient(t *testing.T, req request) response {
 	return r
 }
 
-func (p *pod) childCmd(t *testing.T, mode string, req request) *exec.Cmd {
+// childCmd runs this binary as the pod's client in mode; spec, if given,
+// replaces req as its input.
+func (p *pod) childCmd(t *testing.T, mode string, req request, spec ...any) *exec.Cmd {
 	t.Helper()
 	b, _ := json.Marshal(req)
+	if len(spec) > 0 {
+		b, _ = json.Marshal(spec[0])
+	}
 	cmd := p.command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "EGRET_E2E_REQ="+string(b))
 	return cmd
