@@ -241,8 +241,11 @@ func (r *run) do() (*http.Response, error) {
 	r.kind = BodyKind(req)
 	r.ctx, r.cancel = req.Context(), func() {}
 	if r.pol.Timeout > 0 {
-		// Deadlines run on the real clock whatever Now says.
-		r.ctx, r.cancel = context.WithTimeout(r.ctx, r.pol.Timeout)
+		// Deadlines run on the real clock whatever Now says. A caller's
+		// sooner deadline already bounds everything (and spares a timer).
+		if dl, ok := r.ctx.Deadline(); !ok || time.Until(dl) > r.pol.Timeout {
+			r.ctx, r.cancel = context.WithTimeout(r.ctx, r.pol.Timeout)
+		}
 	}
 	r.trace = &Trace{
 		RequestID:  req.Header.Get("Egret-Request-Id"),
