@@ -350,6 +350,12 @@ func (hc *h2conn) endRequest(x *h2stream) {
 		case KindResetMidBody:
 			hc.respond(x, a, true)
 			return
+		case KindResetOnReuse:
+			// Armed before the answer goes out: the client may open its
+			// next stream as soon as it has read it.
+			hc.mu.Lock()
+			hc.resetOnReuse = true
+			hc.mu.Unlock()
 		}
 		hc.respond(x, a, false)
 		switch f.Kind {
@@ -364,10 +370,6 @@ func (hc *h2conn) endRequest(x *h2stream) {
 				hc.write(func() error { return hc.fr.WriteGoAway(last, http2.ErrCodeNo, []byte("idle")) })
 				hc.maybeFinishGoAway()
 			}
-		case KindResetOnReuse:
-			hc.mu.Lock()
-			hc.resetOnReuse = true
-			hc.mu.Unlock()
 		}
 	}()
 }

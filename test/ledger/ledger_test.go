@@ -527,3 +527,45 @@ func TestIPv6AndIntrospection(t *testing.T) {
 		t.Fatalf("introspection was recorded: %+v", st)
 	}
 }
+
+func TestH2Attribution(t *testing.T) {
+	s, addr := Start(t)
+	// reset-on-reuse: the next stream resets the connection; the stream in
+	// flight on it is collateral, the new one a victim.
+	hc := dialH2(t, addr)
+	hc.request(1, "inflight", "hold; ms=2000", []byte("x"))
+	deadline := time.Now().Add(2 * time.Second)
+	for s.Executions("inflight") == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	hc.request(3, "reuse", "reset-on-reuse", nil)
+	for f := hc.next(t); f != nil; f = hc.next(t) {
+		if d, ok := f.(*http2.DataFrame); ok && d.StreamID == 3 && d.StreamEnded() {
+			break
+		}
+	}
+	hc.request(5, "next", "", nil)
+	for f := hc.next(t); f != nil; f = hc.next(t) {
+	}
+	if r := s.Record("next"); r.Victims != 1 || len(r.Executions) != 0 {
+		t.Fatalf("victim %+v", r)
+	}
+	if r := s.Record("inflight"); r.Collateral != 1 {
+		t.Fatalf("collateral %+v", r)
+	}
+	// goaway: a stream opened after the GOAWAY is a bystander, not an
+	// arrival.
+	hc = dialH2(t, addr)
+	hc.request(1, "ga2", "goaway", nil)
+	hc.request(3, "after", "", nil)
+	for f := hc.next(t); f != nil; f = hc.next(t) {
+	}
+	// The client may see the half-close before the server read stream 3.
+	deadline = time.Now().Add(2 * time.Second)
+	for s.Record("after").Bystander == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r := s.Record("after"); r.Bystander != 1 || r.Arrivals != 0 || len(r.Executions) != 0 {
+		t.Fatalf("bystander %+v", r)
+	}
+}
