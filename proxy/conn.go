@@ -42,6 +42,31 @@ type conn struct {
 	state connState // guarded by s.mu
 	dst   netip.AddrPort
 	pr    prefixReader
+	// linger: the proxy ends the connection after a request, with input
+	// perhaps still coming (a refused request's body, the rest of a
+	// one-shot body); aborted: it was reset on purpose.
+	linger, aborted bool
+}
+
+// Lingering close: how long and how much of the client's remaining input
+// is read and dropped after the proxy half-closes, so that the client reads
+// the answer before any reset (RFC 9112 section 9.6).
+const (
+	lingerTimeout = 500 * time.Millisecond
+	lingerMax     = 4 << 20
+)
+
+// lingeringClose half-closes the connection and drains what the client
+// still sends, until it closes, lingerTimeout or lingerMax. Closing with
+// unread input would make the kernel send a reset, which can destroy the
+// answer before the client has read it.
+func (c *conn) lingeringClose() {
+	cw, ok := c.c.(closeWriter)
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	c.c.SetReadDeadline(time.Now().Add(lingerTimeout))
+	io.CopyN(io.Discard, c.c, lingerMax)
 }
 
 // waitRequest waits for the first byte of the next request. With nothing
@@ -94,7 +119,12 @@ var (
 
 func (c *conn) serve() {
 	defer c.s.removeConn(c)
-	defer c.c.Close()
+	defer func() {
+		if c.linger && !c.aborted {
+			c.lingeringClose()
+		}
+		c.c.Close()
+	}()
 	c.pr.c = c.c
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.pr)
@@ -137,6 +167,8 @@ func (c *conn) next() bool {
 		return false
 	}
 	defer c.s.setState(c, stateIdle)
+	c.linger = true // until the request is served and the connection kept
+
 	// The writer and the head buffer are held only while a request is
 	// served: an idle keep-alive connection keeps just its reader.
 	c.bw = writerPool.Get().(*bufio.Writer)
@@ -171,7 +203,9 @@ func (c *conn) next() bool {
 		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
 		return false
 	}
-	return c.handle(req, head, start)
+	keep := c.handle(req, head, start)
+	c.linger = !keep
+	return keep
 }
 
 // refuse answers a request the proxy will not forward. The connection is
@@ -232,6 +266,7 @@ func (c *conn) answer(req *http.Request, a *answer) bool {
 // abort ends the client connection with a reset, so that the client cannot
 // take a cut response for a complete one.
 func (c *conn) abort() {
+	c.aborted = true
 	if tc, ok := c.c.(*net.TCPConn); ok {
 		tc.SetLinger(0)
 	}

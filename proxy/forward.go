@@ -163,9 +163,8 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	}
 	if !body.Done() {
 		// The upstream did not read the whole one-shot body: the rest is
-		// still on the connection.
+		// still on the connection; the lingering close drains it.
 		keep = false
-		c.c.Close()
 	}
 	return keep
 }
@@ -284,14 +283,31 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Excha
 	return out
 }
 
-// attemptsOf is the number of attempts the runner reports for a response
-// or an error.
+// attemptsOf is the number of dispatches of the request to the upstream:
+// the runner's attempts, plus the ones net/http made on its own inside an
+// attempt (a replay on a fresh connection, Attempt.HiddenRetries), since
+// each of them may have reached the server.
 func attemptsOf(resp *http.Response, err error) int {
-	if n := retry.AttemptsOf(err); n > 0 {
+	var tr *retry.Trace
+	var ae *retry.AmbiguousError
+	var re *retry.Error
+	switch {
+	case errors.As(err, &ae):
+		tr = ae.Trace
+	case errors.As(err, &re):
+		tr = re.Trace
+	case resp != nil:
+		tr, _ = retry.TraceOf(resp)
+	}
+	if tr != nil && len(tr.Attempts) > 0 {
+		n := len(tr.Attempts)
+		for i := range tr.Attempts {
+			n += tr.Attempts[i].HiddenRetries
+		}
 		return n
 	}
-	if tr, ok := retry.TraceOf(resp); ok {
-		return len(tr.Attempts)
+	if n := retry.AttemptsOf(err); n > 0 {
+		return n
 	}
 	return 1
 }
