@@ -109,15 +109,15 @@ upstreams:
 func TestAliasBomb(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("upstreams:\n  - &u\n    host: a.test\n    routes: &r\n")
-	for i := range 1000 {
+	for i := range 5000 {
 		fmt.Fprintf(&b, "      - {method: GET, path_prefix: /p%d, idempotent: true}\n", i)
 	}
-	for range 1000 {
+	for range 5000 { // unbounded, 25 million routes would be walked
 		b.WriteString("  - *u\n")
 	}
 	start := time.Now()
 	_, err := Parse("bomb.yaml", []byte(b.String()))
-	if took := time.Since(start); took > 2*time.Second {
+	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("took %v", took)
 	}
 	if !errors.Is(err, ErrSyntax) || !strings.Contains(err.Error(), "aliases expanded") {
