@@ -97,18 +97,18 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		}()
 	}
 	// Attach last: from now on the pod's connects come to a ready proxy.
-	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig()); err != nil {
+	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig(p)); err != nil {
 		return nil, fmt.Errorf("attach to cgroup %s: %w", p.Cgroup, err)
 	}
 	return ps, nil
 }
 
-func (ps *podState) kernelConfig() bpfload.PodConfig {
+func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
 	cfg := bpfload.PodConfig{
-		ExcludePorts:      ps.pod.Exclude.Ports,
-		ExcludePrefixes:   ps.pod.Exclude.CIDRs,
-		NoDefaultExcludes: ps.pod.Exclude.NoDefaultPorts,
-		RedirectLoopback:  ps.pod.RedirectLoopback,
+		ExcludePorts:      p.Exclude.Ports,
+		ExcludePrefixes:   p.Exclude.CIDRs,
+		NoDefaultExcludes: p.Exclude.NoDefaultPorts,
+		RedirectLoopback:  p.RedirectLoopback,
 	}
 	for _, l := range ps.listen {
 		if l.Addr().Is4() {
@@ -123,13 +123,13 @@ func (ps *podState) kernelConfig() bpfload.PodConfig {
 // update applies a changed pod that stays in the same cgroup, namespace
 // and port: exclusions and policy change in place.
 func (ps *podState) update(a *Agent, p pods.Pod) error {
-	old := ps.pod
-	ps.pod = p
-	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig()); err != nil {
-		ps.pod = old
+	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig(p)); err != nil {
 		return err
 	}
 	ps.policy.set(p)
+	a.mu.Lock()
+	ps.pod = p
+	a.mu.Unlock()
 	return nil
 }
 

@@ -1,0 +1,238 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/pods"
+)
+
+// freePort returns a port free on 127.0.0.1 and ::1 now.
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	for range 20 {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l6, err := net.Listen("tcp6", net.JoinHostPort("::1", itoa(port)))
+		l.Close()
+		if err == nil {
+			l6.Close()
+			return uint16(port)
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func podConfigForTest() bpfload.PodConfig {
+	return bpfload.PodConfig{Listen4: netip.MustParseAddrPort("127.0.0.1:1")}
+}
+
+type harness struct {
+	a    *Agent
+	fake *Fake
+	src  *pods.Memory
+	stop func()
+}
+
+func start(t *testing.T, fake *Fake, ps ...pods.Pod) *harness {
+	t.Helper()
+	src, err := pods.NewMemory(ps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Attacher: fake, Source: src, SelfCgroup: "/self", RetryInterval: 20 * time.Millisecond, ShutdownGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	h := &harness{a: a, fake: fake, src: src}
+	h.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		if ctx.Err() == nil {
+			h.stop()
+		}
+	})
+	return h
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 500 {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("never: %s", what)
+}
+
+func (h *harness) state(name string) string {
+	st, err := h.a.Pod(name)
+	if err != nil {
+		return "absent"
+	}
+	return st.State
+}
+
+func TestReconcile(t *testing.T) {
+	fake := NewFake()
+	// A pod pinned by an earlier agent that the source no longer has.
+	stale, _ := fake.AttachPod("/cg/gone", podConfigForTest())
+	port := freePort(t)
+	h := start(t, fake, pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: port})
+
+	eventually(t, "web running", func() bool { return h.state("web") == StateRunning })
+	cfg, ok := fake.Config("/cg/web")
+	if !ok || cfg.Listen4.Port() != port || cfg.Listen4.Addr().String() != "127.0.0.1" {
+		t.Fatalf("attached config %+v %v", cfg, ok)
+	}
+	eventually(t, "stale pod collected", func() bool {
+		ids, _ := fake.Pods()
+		for _, id := range ids {
+			if id == stale {
+				return false
+			}
+		}
+		return true
+	})
+	if !fake.self["/self"] {
+		t.Fatal("own cgroup not attached")
+	}
+	// The listener is up: a connection is accepted.
+	c, err := net.Dial("tcp", cfg.Listen4.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	// Exclusions change in place.
+	st, _ := h.a.Pod("web")
+	if err := h.src.Put(pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: port, Exclude: pods.Exclusions{Ports: []uint16{5000}}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "exclusion applied", func() bool {
+		cfg, _ := fake.Config("/cg/web")
+		return len(cfg.ExcludePorts) == 1
+	})
+	if st2, _ := h.a.Pod("web"); !st2.Since.Equal(st.Since) {
+		t.Fatal("pod restarted for an exclusion change")
+	}
+
+	// A pod whose attach fails is failed, then retried.
+	fake.mu.Lock()
+	fake.Fail["/cg/bad"] = errors.New("no such cgroup")
+	fake.mu.Unlock()
+	port2 := freePort(t)
+	if err := h.src.Put(pods.Pod{Name: "bad", Cgroup: "/cg/bad", ListenPort: port2}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "bad failed", func() bool { return h.state("bad") == StateFailed })
+	if st, _ := h.a.Pod("bad"); st.Error == "" {
+		t.Fatal("failed pod without error")
+	}
+	// Its listener was closed again.
+	if c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", itoa(int(port2)))); err == nil {
+		c.Close()
+		t.Fatal("failed pod left its listener open")
+	}
+	fake.mu.Lock()
+	delete(fake.Fail, "/cg/bad")
+	fake.mu.Unlock()
+	eventually(t, "bad recovered", func() bool { return h.state("bad") == StateRunning })
+
+	// Removal detaches and closes the listener.
+	if err := h.src.Remove("web"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "web gone", func() bool { return h.state("web") == "absent" })
+	if _, ok := fake.Config("/cg/web"); ok {
+		t.Fatal("web still attached")
+	}
+	if c, err := net.Dial("tcp", cfg.Listen4.String()); err == nil {
+		c.Close()
+		t.Fatal("web's listener still open")
+	}
+	if s := h.a.Status(); s.Pods != 1 || s.Running != 1 || !s.Synced {
+		t.Fatalf("status %+v", s)
+	}
+}
+
+func TestRunEndLeavesAttachmentsUnlessCleanup(t *testing.T) {
+	for _, cleanup := range []bool{false, true} {
+		fake := NewFake()
+		src, _ := pods.NewMemory(pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: freePort(t)})
+		a, err := New(Config{Attacher: fake, Source: src, SelfCgroup: "/self", CleanupOnExit: cleanup})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		eventually(t, "running", func() bool { st, err := a.Pod("web"); return err == nil && st.State == StateRunning })
+		cfg, _ := fake.Config("/cg/web")
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		_, attached := fake.Config("/cg/web")
+		if attached == cleanup {
+			t.Fatalf("cleanup=%v: still attached=%v", cleanup, attached)
+		}
+		// Either way the listener is closed: the pod fails open.
+		if c, err := net.Dial("tcp", cfg.Listen4.String()); err == nil {
+			c.Close()
+			t.Fatalf("cleanup=%v: listener still open after Run", cleanup)
+		}
+	}
+}
+
+func TestAdminAPI(t *testing.T) {
+	fake := NewFake()
+	h := start(t, fake, pods.Pod{Name: "ns1/web", Cgroup: "/cg/web", ListenPort: freePort(t)})
+	eventually(t, "running", func() bool { return h.state("ns1/web") == StateRunning })
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.a.ServeAdmin(ctx, sock)
+	c := AdminClient(sock)
+	var resp *http.Response
+	var err error
+	eventually(t, "admin socket", func() bool {
+		resp, err = c.Get("http://egret/pods/ns1/web")
+		return err == nil
+	})
+	var st PodStatus
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.Name != "ns1/web" || st.State != StateRunning {
+		t.Fatalf("pod: %+v %v", st, err)
+	}
+	resp.Body.Close()
+	for path, want := range map[string]int{"/status": 200, "/pods": 200, "/upstreams": 200, "/explain/nope": 404, "/pods/nope": 404} {
+		resp, err := c.Get("http://egret" + path)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("%s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+}
