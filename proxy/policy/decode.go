@@ -141,7 +141,7 @@ func (d *decoder) decodeDoc(data []byte) *rawDoc {
 	if n = d.deref(n, ""); n == nil {
 		return doc
 	}
-	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+	if isNull(n) {
 		return doc
 	}
 	d.mapping(n, "", map[string]func(*yaml.Node, string){
@@ -149,6 +149,9 @@ func (d *decoder) decodeDoc(data []byte) *rawDoc {
 			doc.defaults = d.upstream(v, p, -1)
 		},
 		"upstreams": func(v *yaml.Node, p string) {
+			if isNull(v) {
+				return // every entry commented out
+			}
 			d.sequence(v, p, func(i int, e *yaml.Node, ep string) {
 				if u := d.upstream(e, ep, i); u != nil {
 					doc.upstreams = append(doc.upstreams, u)
@@ -190,6 +193,8 @@ func (d *decoder) deref(n *yaml.Node, path string) *yaml.Node {
 	return n
 }
 
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
+
 func kindName(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.MappingNode:
@@ -220,6 +225,9 @@ func join(path, key string) string {
 func (d *decoder) mapping(n *yaml.Node, path string, fields map[string]func(*yaml.Node, string)) bool {
 	if n = d.deref(n, path); n == nil {
 		return false
+	}
+	if isNull(n) {
+		return true // a block whose lines are all commented out
 	}
 	if n.Kind != yaml.MappingNode {
 		d.fail(d.posOf(n, path), ErrInvalid, "want a mapping, got %s", kindName(n))

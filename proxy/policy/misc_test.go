@@ -60,6 +60,22 @@ func TestTLSOffDropsInherited(t *testing.T) {
 	}
 }
 
+// Blocks whose lines are all commented out are empty, not errors; lists
+// are not (an empty routes list would drop inherited routes).
+func TestCommentedOutBlocks(t *testing.T) {
+	p, err := Parse("c.yaml", []byte("defaults:\n#  max_attempts: 2\nupstreams:\n#  - host: a.test\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Defaults.MaxAttempts != 3 || len(p.Upstreams) != 0 {
+		t.Errorf("%+v", p)
+	}
+	if _, err := Parse("c.yaml", []byte("upstreams:\n  - host: a.test\n    backoff:\n    routes:\n")); err == nil ||
+		!strings.Contains(err.Error(), "c.yaml:4:12: upstreams[0].routes: want a list, got nothing") {
+		t.Errorf("error %v", err)
+	}
+}
+
 func TestWarnings(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "tok", "t")
