@@ -218,3 +218,26 @@ func TestEarlyAnswerToOneShotBodyClosesConnection(t *testing.T) {
 		t.Fatal("the connection stayed open with an unread body on it")
 	}
 }
+
+// TestEarlyAnswerReadableWhileClientStillSends: the upstream answers a
+// large one-shot upload early; the proxy relays the answer and ends the
+// connection while the client is still sending. The client must get the
+// answer, not a reset (the proxy closes lingering).
+func TestEarlyAnswerReadableWhileClientStillSends(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, smallBodies)})
+	for i := range 10 {
+		body := strings.NewReader(strings.Repeat("u", 4<<20))
+		resp, err := p.client().Post(up.url("/upload"), "application/octet-stream", body)
+		if err != nil {
+			t.Fatalf("try %d: the answer was lost: %v", i, err)
+		}
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("try %d: status %d", i, resp.StatusCode)
+		}
+		resp.Body.Close()
+	}
+}
