@@ -359,3 +359,51 @@ func TestPipelinedRequests(t *testing.T) {
 		}
 	}
 }
+
+func TestResponseFraming(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Len", "11")
+		if r.URL.Path == "/stream" {
+			io.WriteString(w, "part1,")
+			w.(http.Flusher).Flush() // unknown length: chunked from the upstream
+			io.WriteString(w, "part2")
+			return
+		}
+		w.Header().Set("Content-Length", "11")
+		io.WriteString(w, "hello world")
+	})
+	p := startProxy(t, Config{})
+	// HEAD: the length of the GET, no body, connection reusable.
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	fmt.Fprintf(c, "HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url("/"))
+	resp, err := http.ReadResponse(br, &http.Request{Method: "HEAD"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ContentLength != 11 {
+		t.Errorf("HEAD Content-Length %d, want 11", resp.ContentLength)
+	}
+	// Chunked to an HTTP/1.1 client when the length is unknown.
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url("/stream"))
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked" {
+		t.Errorf("unknown length relayed with %v", resp.TransferEncoding)
+	}
+	if got := readAll(t, resp.Body); got != "part1,part2" {
+		t.Errorf("body %q", got)
+	}
+	// HTTP/1.0: the end of the body is the end of the connection.
+	resp = rawRequest(t, p.addr, "GET "+up.url("/stream")+" HTTP/1.0\r\n\r\n")
+	if got := readAll(t, resp.Body); got != "part1,part2" || !resp.Close {
+		t.Errorf("HTTP/1.0: body %q close %v", got, resp.Close)
+	}
+}
