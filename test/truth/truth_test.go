@@ -372,9 +372,12 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 		} else {
 			ids[a.requestID] = s.id
 		}
-		if a.attempts < 1 || a.attempts > maxAttempts {
-			v.add("Egret-Attempts missing or out of range", s, a, rec, "")
-		} else if rec.Arrivals > a.attempts {
+		if a.attempts < 1 {
+			v.add("Egret-Attempts missing", s, a, rec, "")
+		} else if a.attempts > maxAttempts {
+			v.add("more attempts than max_attempts", s, a, rec, fmt.Sprintf("Egret-Attempts %d > %d", a.attempts, maxAttempts))
+		}
+		if a.attempts >= 1 && rec.Arrivals > a.attempts {
 			v.add("attempts under-reported", s, a, rec, "the ledger saw more attempts than Egret-Attempts")
 		}
 		// Never run a non-idempotent request twice.
