@@ -71,6 +71,10 @@ func TestBadFiles(t *testing.T) {
 		{"route missing idempotent", "defaults:\n  routes:\n    - method: GET\n      path_prefix: /a\n", "3:7 defaults.routes[0]", ErrInvalid, "idempotent is required"},
 		{"route duplicate", "defaults:\n  routes:\n    - {method: GET, path_prefix: /a, idempotent: true}\n    - {method: GET, path_prefix: /a, idempotent: false}\n", "4:7 defaults.routes[1]", ErrDuplicate, "first at line 3"},
 		{"route unknown", "defaults:\n  routes:\n    - {method: GET, path_prefix: /a, prefx: /a, idempotent: true}\n", "3:38 defaults.routes[0].prefx", ErrUnknownField, "path_prefix"},
+		{"empty path", "upstreams:\n  - host: a.test\n    tls: {enabled: true, ca_file: \"\"}\n", "3:35 upstreams[0].tls.ca_file", ErrInvalid, "empty path"},
+		{"bad name", "upstreams:\n  - host: a.test\n    name: \"my budget\"\n", "3:11 upstreams[0].name", ErrInvalid, "without spaces"},
+		{"bad server_name", "upstreams:\n  - host: a.test\n    tls: {enabled: true, server_name: \"a..b\"}\n", "3:39 upstreams[0].tls.server_name", ErrInvalid, "not a host name"},
+		{"key not a word", "defaults:\n  [a]: 1\n", "2:3 defaults", ErrInvalid, "a key must be a plain word"},
 		{"refresh command empty", "upstreams:\n  - host: a.test\n    credential:\n      bearer_token_file: " + token + "\n      refresh_command: []\n", "5:24 upstreams[0].credential.refresh_command", ErrInvalid, "empty command"},
 		{"refresh command not list", "upstreams:\n  - host: a.test\n    credential:\n      bearer_token_file: " + token + "\n      refresh_command: renew --now\n", "5:24 upstreams[0].credential.refresh_command", ErrInvalid, "want a list"},
 
