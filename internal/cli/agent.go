@@ -113,8 +113,14 @@ func runAgent(c *cli.Context) error {
 		pol = w
 	}
 
+	orig, err := agent.CurrentCgroup()
+	if err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
 	self := c.String("cgroup")
+	_, statErr := os.Stat(self)
 	if self == "" {
+		_, statErr = os.Stat(agent.DefaultSelfCgroup)
 		self, err = agent.SelfCgroupFor(agent.DefaultSelfCgroup)
 	} else {
 		err = agent.EnterCgroup(self)
@@ -181,6 +187,12 @@ func runAgent(c *cli.Context) error {
 		log.Info("egret agent stopped; pinned eBPF state left for the next agent (pods go direct meanwhile)", "pin_dir", l.PinDir())
 	}
 	l.Close()
+	if c.Bool("cleanup") && self != orig && errors.Is(statErr, os.ErrNotExist) {
+		// The agent made its own cgroup: leave it and remove it.
+		if err := agent.EnterCgroup(orig); err == nil {
+			_ = os.Remove(self)
+		}
+	}
 	if runErr != nil {
 		return cli.Exit(runErr.Error(), 1)
 	}
