@@ -456,6 +456,9 @@ func (d *decoder) nodeOnly(fields map[string]func(*yaml.Node, string), names ...
 	}
 }
 
+// upstream decodes the defaults block (index < 0) or upstreams[index]:
+// the same fields, except that host, port, name and credential belong to
+// entries only. nil when the entry is unusable (its problems reported).
 func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 	n = d.deref(n, path)
 	if n == nil {

@@ -212,8 +212,8 @@ func pick(byPort map[int]*Upstream, port int) *Upstream {
 	return byPort[0]
 }
 
-// forDestination returns u itself when its budget name is fixed, else a copy named
-// after the destination.
+// forDestination returns u itself when its budget name is fixed, else a
+// copy named after the destination.
 func (u *Upstream) forDestination(host string, port int) *Upstream {
 	if u.named {
 		return u
