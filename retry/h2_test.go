@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -25,6 +26,7 @@ const (
 	h2Answer       h2Action = iota // read it whole, answer 200 "ok" (executed)
 	h2Refuse                       // RST_STREAM REFUSED_STREAM on its HEADERS
 	h2GoAwayBelow                  // GOAWAY with last-stream-id below it, then close
+	h2GoAwayBelowErr               // the same with an error code
 	h2GoAwayCovers                 // read it whole, GOAWAY covering it, close (executed, no answer)
 )
 
@@ -65,11 +67,12 @@ func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int
 					fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
 					delete(actions, id)
 					continue
-				case h2GoAwayBelow:
-					fr.WriteGoAway(id-2+0*id, http2.ErrCodeNo, nil)
-					if id < 2 {
-						fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+				case h2GoAwayBelow, h2GoAwayBelowErr:
+					code := http2.ErrCodeNo
+					if a == h2GoAwayBelowErr {
+						code = http2.ErrCodeEnhanceYourCalm
 					}
+					fr.WriteGoAway(id-1, code, nil) // the last stream before this one
 					time.Sleep(20 * time.Millisecond)
 					return
 				}
@@ -148,25 +151,29 @@ func TestH2CRefusedStreamRetriedForPOST(t *testing.T) {
 }
 
 func TestH2CGoAwayBelowStreamRetriedForPOST(t *testing.T) {
-	var executed atomic.Int64
-	srv := h2RawServer(t, func(i int64) h2Action {
-		if i == 1 {
-			return h2GoAwayBelow
-		}
-		return h2Answer
-	}, &executed)
-	tr := h2cTransport(t)
-	resp, err := tr.RoundTrip(post(t, srv.url(), "transfer"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	trc, _ := TraceOf(resp)
-	if resp.StatusCode != 200 || executed.Load() != 1 || len(trc.Attempts) != 2 || srv.conns.Load() != 2 {
-		t.Fatalf("status %d executed %d attempts %d conns %d", resp.StatusCode, executed.Load(), len(trc.Attempts), srv.conns.Load())
-	}
-	if a := trc.Attempts[0]; a.Failure != engine.RefusedStream || a.Evidence != engine.NotSent {
-		t.Fatalf("first attempt %+v", a)
+	for _, action := range []h2Action{h2GoAwayBelow, h2GoAwayBelowErr} {
+		t.Run(fmt.Sprint(action), func(t *testing.T) {
+			var executed atomic.Int64
+			srv := h2RawServer(t, func(i int64) h2Action {
+				if i == 1 {
+					return action
+				}
+				return h2Answer
+			}, &executed)
+			tr := h2cTransport(t)
+			resp, err := tr.RoundTrip(post(t, srv.url(), "transfer"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			trc, _ := TraceOf(resp)
+			if resp.StatusCode != 200 || executed.Load() != 1 || len(trc.Attempts) != 2 || srv.conns.Load() != 2 {
+				t.Fatalf("status %d executed %d attempts %d conns %d", resp.StatusCode, executed.Load(), len(trc.Attempts), srv.conns.Load())
+			}
+			if a := trc.Attempts[0]; a.Failure != engine.RefusedStream || a.Evidence != engine.NotSent {
+				t.Fatalf("first attempt %+v", a)
+			}
+		})
 	}
 }
 
