@@ -268,6 +268,9 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Excha
 	if c.s.cfg.Mode == Explicit {
 		out.Host = tg.url.Host
 	}
+	if r := x.Upstream.Refresher(); r != nil {
+		r.Apply(out) // the upstream's bearer credential (renewed after a 401)
+	}
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = nil // send none rather than Go's
 	}

@@ -130,3 +130,47 @@ func TestMetricsCountOutcomes(t *testing.T) {
 		}
 	}
 }
+
+func TestBearerCredentialRefreshedAfter401(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte("old\n"), 0o600)
+	var mu sync.Mutex
+	var seen []string
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer new" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		io.WriteString(w, "welcome")
+	})
+	host, port, _ := net.SplitHostPort(up.addr)
+	p, err := policy.Parse(filepath.Join(dir, "p.yaml"), []byte(fastRetries+fmt.Sprintf(`
+upstreams:
+  - host: %s
+    port: %s
+    credential:
+      bearer_token_file: %s
+`, host, port, tok)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(tok, []byte("new\n"), 0o600) // rotated after egret read it
+	px := startProxy(t, Config{Policy: StaticPolicy{p}})
+	resp, err := px.client().Get(up.url("/me"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp.Body); resp.StatusCode != 200 || got != "welcome" {
+		t.Fatalf("status %d %q", resp.StatusCode, got)
+	}
+	checkEgretHeaders(t, resp, "2")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 || seen[0] != "Bearer old" || seen[1] != "Bearer new" {
+		t.Fatalf("Authorization per attempt %q, want the old token then the refreshed one", seen)
+	}
+}
