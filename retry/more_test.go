@@ -354,3 +354,20 @@ func TestNonIdempotentGETWireFormat(t *testing.T) {
 		t.Fatalf("GET went out with transfer-encoding %v content-length %d", s.te, s.cl)
 	}
 }
+
+func TestTraceExplain(t *testing.T) {
+	var executed atomic.Int64
+	srv := resetAfterRead(t, 1, &executed)
+	tr, _, _ := testTransport(t, nil)
+	_, err := tr.RoundTrip(post(t, srv.url(), "pay"))
+	var a *AmbiguousError
+	if !errors.As(err, &a) {
+		t.Fatal(err)
+	}
+	out := a.Trace.Explain()
+	for _, want := range []string{"POST http://", "not idempotent", "#1 ", "connection_reset", "evidence sent_no_response", "ambiguous (no_response)", "=> ambiguous"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explanation lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package retry
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+)
+
+// Explain tells the request's story, one line per attempt, for people
+// (`egret explain`): how far each attempt got, what the evidence was and
+// why, what the engine decided, and what the caller was told.
+func (t *Trace) Explain() string {
+	var b strings.Builder
+	idem := "not idempotent"
+	if t.Idempotent {
+		idem = "idempotent"
+	}
+	fmt.Fprintf(&b, "%s %s -> %s (%s, body %s)\n", t.Method, t.URL, t.Upstream, idem, t.Body)
+	for _, a := range t.Attempts {
+		fmt.Fprintf(&b, "  #%d %s reached %s: ", a.N, a.Duration.Round(time.Microsecond), a.Stage)
+		if a.Failure == engine.CategoryNone {
+			fmt.Fprintf(&b, "status %d", a.Status)
+		} else {
+			fmt.Fprintf(&b, "%s", a.Failure)
+			if a.Status != 0 {
+				fmt.Fprintf(&b, " after status %d", a.Status)
+			}
+		}
+		fmt.Fprintf(&b, ", evidence %s", a.Evidence)
+		if a.Upgraded {
+			fmt.Fprintf(&b, " (witness %s: %d bytes / %d segments sent before and after)",
+				a.WitnessAfter.Source, a.WitnessAfter.BytesSent, a.WitnessAfter.DataSegsOut)
+		}
+		if a.HiddenRetries > 0 {
+			fmt.Fprintf(&b, ", %d connection(s) replaced by net/http", a.HiddenRetries)
+		}
+		fmt.Fprintf(&b, "; %s", a.Decision.Decision)
+		if a.Decision.Reason != engine.ReasonNone {
+			fmt.Fprintf(&b, " (%s)", a.Decision.Reason)
+		}
+		if a.Decision.Decision == engine.Retry {
+			fmt.Fprintf(&b, " after %s", a.Decision.Wait.Round(time.Microsecond))
+		}
+		fmt.Fprintf(&b, ", budget %.1f", a.Budget)
+		if a.Err != "" {
+			fmt.Fprintf(&b, "; error: %s", a.Err)
+		}
+		b.WriteByte('\n')
+	}
+	switch t.Outcome {
+	case engine.OutcomeNone:
+		b.WriteString("  => the response was relayed\n")
+	case engine.OutcomeAmbiguous:
+		b.WriteString("  => ambiguous: the request may have been executed\n")
+	default:
+		fmt.Fprintf(&b, "  => %s\n", t.Outcome)
+	}
+	return b.String()
+}
