@@ -23,11 +23,11 @@ import (
 type h2Action int
 
 const (
-	h2Answer       h2Action = iota // read it whole, answer 200 "ok" (executed)
-	h2Refuse                       // RST_STREAM REFUSED_STREAM on its HEADERS
-	h2GoAwayBelow                  // GOAWAY with last-stream-id below it, then close
-	h2GoAwayBelowErr               // the same with an error code
-	h2GoAwayCovers                 // read it whole, GOAWAY covering it, close (executed, no answer)
+	h2Answer         h2Action = iota // read it whole, answer 200 "ok" (executed)
+	h2Refuse                         // RST_STREAM REFUSED_STREAM on its HEADERS
+	h2GoAwayBelow                    // GOAWAY with last-stream-id below it, then close
+	h2GoAwayBelowErr                 // the same with an error code
+	h2GoAwayCovers                   // read it whole, GOAWAY covering it, close (executed, no answer)
 )
 
 // h2RawServer speaks HTTP/2 with prior knowledge through a bare Framer and
