@@ -309,10 +309,13 @@ func TestTruth(t *testing.T) {
 // violations collects what the suite found wrong, by rule, with examples.
 type violations struct {
 	// reconnects counts requests the client had to resend on a new
-	// connection to egret (informational).
-	reconnects int
-	byRule     map[string]int
-	examples   map[string][]string
+	// connection to egret (informational); unexplained counts ambiguous
+	// answers without a fault of their own, allowed up to idleCloses (one
+	// request may meet each connection the ledger closed while idle).
+	reconnects              int
+	unexplained, idleCloses int
+	byRule                  map[string]int
+	examples                map[string][]string
 }
 
 func (v *violations) add(rule string, s spec, a answer, rec ledger.Record, why string) {
@@ -348,7 +351,7 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 	ids := make(map[string]string, len(answers))
 	// Requests a closed idle connection may have hit: the ledger never sees
 	// them, so an unexplained ambiguous answer is allowed once per such close.
-	unexplained := 0
+	v.idleCloses = stats.IdleCloses
 	for i, s := range specs {
 		a := answers[i]
 		rec := records[s.id]
@@ -418,8 +421,8 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 				v.add("ambiguous without 502-504", s, a, rec, "")
 			}
 			if !(snrKinds[s.fault.Kind] && rec.Faults[s.fault.Kind] > 0) && rec.Victims == 0 && rec.Collateral == 0 {
-				unexplained++
-				if unexplained > stats.IdleCloses {
+				v.unexplained++
+				if v.unexplained > stats.IdleCloses {
 					v.add("ambiguous without a sent_no_response attempt", s, a, rec, "no fault of this request can leave it unanswered")
 				}
 			}
@@ -550,7 +553,8 @@ func (v *violations) coverage(t *testing.T, specs []spec, answers []answer, reco
 			notSent++
 		}
 	}
-	t.Logf("client resent %d requests on a new connection after egret closed a keep-alive one", v.reconnects)
+	t.Logf("client resent %d requests on a new connection after egret closed a keep-alive one; %d ambiguous answers had no fault of their own (allowed: %d, the connections the ledger closed idle)",
+		v.reconnects, v.unexplained, v.idleCloses)
 	t.Logf("coverage: %d successes after a retry (%d with a spooled body, %d after REFUSED_STREAM/GOAWAY), %d ambiguous, %d not-sent",
 		retriedOK, spooledRetried, h2Refused, ambiguous, notSent)
 	if len(specs) < 1000 {
