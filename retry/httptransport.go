@@ -337,6 +337,12 @@ type h2Pool struct {
 var errH1 = errors.New("egret: upstream negotiated http/1.1")
 
 func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
+	if _, ok := req.Body.(emptyBody); ok {
+		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
+		r := *req
+		r.Body = nil
+		req = &r
+	}
 	ctx := req.Context()
 	trace := httptrace.ContextClientTrace(ctx)
 	if trace != nil && trace.GetConn != nil {

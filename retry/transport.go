@@ -288,7 +288,7 @@ func (r *run) do() (*http.Response, error) {
 			r.keptAfter = true
 		}
 		ar.done()
-		if rec.Status == http.StatusUnauthorized {
+		if rec.Failure == engine.CategoryNone && rec.Status == http.StatusUnauthorized {
 			if err := r.refresh(); err != nil {
 				return r.stop(err)
 			}
