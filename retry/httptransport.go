@@ -337,11 +337,12 @@ type h2Pool struct {
 var errH1 = errors.New("egret: upstream negotiated http/1.1")
 
 func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
+	h2req := req
 	if _, ok := req.Body.(emptyBody); ok {
 		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
 		r := *req
 		r.Body = nil
-		req = &r
+		h2req = &r
 	}
 	ctx := req.Context()
 	trace := httptrace.ContextClientTrace(ctx)
@@ -361,7 +362,7 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.R
 		if trace != nil && trace.GotConn != nil {
 			trace.GotConn(httptrace.GotConnInfo{Conn: c.nc, Reused: reused})
 		}
-		resp, err := c.cc.RoundTrip(req)
+		resp, err := c.cc.RoundTrip(h2req)
 		if err != nil && isH2Unusable(err) && try < 3 {
 			continue
 		}
