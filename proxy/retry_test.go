@@ -479,3 +479,33 @@ func waitTrace(p *testProxy, id string) (tr retryTrace, ok bool) {
 	}
 	return tr, false
 }
+
+func TestShutdownClosesIdleKeepAlive(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	p := startProxy(t, Config{})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url("/"))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp.Body)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with only an idle connection: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Shutdown took %v with nothing in flight", d)
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Error("the idle keep-alive connection is still open after Shutdown")
+	}
+}
