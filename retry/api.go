@@ -3,6 +3,26 @@
 // evidence of each (stage reached, transport error, kernel witness), asks
 // engine.Decide, waits, and tells the truth when it stops. The node proxy
 // runs its upstream attempts through the same Transport.
+//
+// The pieces:
+//   - Transport (transport.go): the attempt loop, budget, waits, bodies,
+//     the response's first-chunk peek, outcomes (*Error, *AmbiguousError).
+//   - classify.go: evidence from httptrace and the error, and the witness's
+//     before/after snapshots.
+//   - HTTPTransport (httptransport.go): the one-attempt Base: net/http's
+//     pooled HTTP/1.1, and HTTP/2 (h2c prior knowledge, ALPN h2) on its own
+//     pool so that nothing is replayed behind the engine's back.
+//   - witnessConn (witnessconn.go): the upstream socket wrapper that freezes
+//     at a failure so that the kernel's counters can prove not_sent.
+//
+// Use:
+//
+//	client := &http.Client{Transport: &retry.Transport{
+//		Base:    retry.NewHTTPTransport(retry.HTTPOptions{HTTP2: true}),
+//		Witness: witness.TCPInfo{},
+//	}}
+//	resp, err := client.Post(url, "application/json", bytes.NewReader(b))
+//	if errors.Is(err, retry.ErrAmbiguous) { /* reconcile: it may have run */ }
 package retry
 
 import (
