@@ -442,6 +442,15 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 				v.add("answer body broken without a mid-body fault", s, a, rec, "")
 			}
 		}
+		// Exact answers where nothing else can interfere: a refused connect,
+		// and on HTTP/2 (where every effect of another request's fault is
+		// attributed) a fault on every attempt.
+		if want, ok := exactAnswer(s, rec); ok {
+			got := fmt.Sprintf("%d %s attempts %d", a.status, a.outcome, a.attempts)
+			if got != want {
+				v.add("wrong answer for a fault on every attempt", s, a, rec, "want "+want)
+			}
+		}
 		// Retries the spec forbids: a 500 that the policy does not call
 		// transient, a 425 after attempt 1.
 		if a.status == 200 && a.outcome == "" {
@@ -459,6 +468,38 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 		}
 	}
 	return v
+}
+
+// exactAnswer is the answer the spec gives s, when it can be told: status,
+// outcome and attempts as "502 ambiguous attempts 1".
+func exactAnswer(s spec, rec ledger.Record) (string, bool) {
+	attempts := maxAttempts
+	if s.size > spoolLimit {
+		attempts = 1 // one-shot body: never retried
+	}
+	if s.target == targetRefused {
+		return fmt.Sprintf("503 not-sent attempts %d", attempts), true
+	}
+	if s.target != targetH2C && s.target != targetTLS || s.fault.Times != 0 ||
+		rec.Victims+rec.Collateral+rec.Bystander > 0 {
+		return "", false
+	}
+	outcome := "failed"
+	if !s.idempotent() {
+		outcome, attempts = "ambiguous", 1 // sent_no_response stops a non-idempotent request
+	}
+	switch s.fault.Kind {
+	case ledger.KindHold:
+		return fmt.Sprintf("504 %s attempts %d", outcome, attempts), true
+	case ledger.KindResetBeforeRead, ledger.KindResetMidRequest, ledger.KindResetAfterRead:
+		return fmt.Sprintf("502 %s attempts %d", outcome, attempts), true
+	case ledger.KindRefusedStream, ledger.KindGoAway:
+		if s.size > spoolLimit {
+			return "503 not-sent attempts 1", true
+		}
+		return fmt.Sprintf("503 not-sent attempts %d", maxAttempts), true
+	}
+	return "", false
 }
 
 // retryable are the faults after which the spec retries an idempotent
