@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
@@ -127,7 +128,7 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 			return false
 		}
 	}
-	body, err := c.readBody(req, up.Body)
+	body, g, err := c.readBody(req, up.Body)
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(req, id, start, http.StatusRequestTimeout, "request body not received in time")
@@ -163,8 +164,10 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	}
 	if !body.Done() {
 		// The upstream did not read the whole one-shot body: the rest is
-		// still on the connection; the lingering close drains it.
+		// still on the connection; the lingering close drains it, once the
+		// transport has let go of the connection's reader.
 		keep = false
+		g.detach()
 	}
 	return keep
 }
@@ -216,18 +219,58 @@ func (c *conn) target(req *http.Request) (target, error) {
 	return target{url: u, host: host, port: int(c.dst.Port())}, nil
 }
 
-// readBody holds the request body as its size and the upstream's limits say.
-func (c *conn) readBody(req *http.Request, lim policy.BodyLimits) (*spool.Body, error) {
+// readBody holds the request body as its size and the upstream's limits
+// say. The guard lets the connection take its reader back from a one-shot
+// body that the transport may still be reading.
+func (c *conn) readBody(req *http.Request, lim policy.BodyLimits) (*spool.Body, *guard, error) {
 	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
 	if src == nil {
-		return spool.New(nil, 0, spool.Limits{})
+		b, err := spool.New(nil, 0, spool.Limits{})
+		return b, nil, err
 	}
 	cl := req.ContentLength
 	if chunked(req) {
 		cl = -1
 	}
-	src = &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout}
-	return spool.New(src, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
+	g := &guard{r: &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout}, c: c.c}
+	b, err := spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
+	return b, g, err
+}
+
+// errDetached: the body's connection was taken back from the transport.
+var errDetached = errors.New("request body detached from its connection")
+
+// guard serialises reads of a request body on the client connection with
+// detach, after which no read touches the connection's reader again (it is
+// reset and pooled when the connection ends).
+type guard struct {
+	r    io.Reader
+	c    net.Conn
+	mu   sync.Mutex
+	stop atomic.Bool
+}
+
+func (g *guard) Read(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stop.Load() {
+		return 0, errDetached
+	}
+	return g.r.Read(p)
+}
+
+// detach stops the reads: a read blocked on the client is interrupted by a
+// deadline in the past, and detach returns once no read is in progress.
+func (g *guard) detach() {
+	g.stop.Store(true)
+	for range 5000 { // about 5 s at most
+		g.c.SetReadDeadline(time.Unix(1, 0))
+		if g.mu.TryLock() {
+			g.mu.Unlock()
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // deadlineReader gives each read of a request body ReadTimeout.
