@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -41,39 +42,54 @@ func BenchmarkTransport(b *testing.B) {
 	})
 	// interleaved alternates the two on the same server so that machine
 	// noise hits both alike; it reports the ratio of their mean latencies.
-	b.Run("interleaved", func(b *testing.B) {
-		bare := &http.Transport{MaxIdleConnsPerHost: 64}
-		defer bare.CloseIdleConnections()
-		base := NewHTTPTransport(HTTPOptions{})
-		defer base.CloseIdleConnections()
-		eg := &Transport{Base: base}
-		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
-		one := func(rt http.RoundTripper) time.Duration {
-			start := time.Now()
-			resp, err := rt.RoundTrip(req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			return time.Since(start)
+	// "interleaved-deadline" gives every request (both sides) a 15 s
+	// deadline, as a careful caller does: then Transport needs no timer of
+	// its own for DefaultPolicy's 15 s timeout.
+	for _, withDeadline := range []bool{false, true} {
+		name := "interleaved"
+		if withDeadline {
+			name += "-deadline"
 		}
-		var tb, te time.Duration
-		n := 0
-		for b.Loop() {
-			if n%2 == 0 {
-				tb += one(bare)
-				te += one(eg)
-			} else {
-				te += one(eg)
-				tb += one(bare)
+		b.Run(name, func(b *testing.B) {
+			bare := &http.Transport{MaxIdleConnsPerHost: 64}
+			defer bare.CloseIdleConnections()
+			base := NewHTTPTransport(HTTPOptions{})
+			defer base.CloseIdleConnections()
+			eg := &Transport{Base: base}
+			req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+			one := func(rt http.RoundTripper) time.Duration {
+				start := time.Now()
+				r := req
+				if withDeadline {
+					ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+					defer cancel()
+					r = req.WithContext(ctx)
+				}
+				resp, err := rt.RoundTrip(r)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return time.Since(start)
 			}
-			n++
-		}
-		b.ReportMetric(float64(tb.Nanoseconds())/float64(n), "bare-ns/req")
-		b.ReportMetric(float64(te.Nanoseconds())/float64(n), "egret-ns/req")
-		b.ReportMetric(float64(te)/float64(tb), "egret/bare")
-	})
+			var tb, te time.Duration
+			n := 0
+			for b.Loop() {
+				if n%2 == 0 {
+					tb += one(bare)
+					te += one(eg)
+				} else {
+					te += one(eg)
+					tb += one(bare)
+				}
+				n++
+			}
+			b.ReportMetric(float64(tb.Nanoseconds())/float64(n), "bare-ns/req")
+			b.ReportMetric(float64(te.Nanoseconds())/float64(n), "egret-ns/req")
+			b.ReportMetric(float64(te)/float64(tb), "egret/bare")
+		})
+	}
 	b.Run("egret+tcp_info", func(b *testing.B) {
 		base := NewHTTPTransport(HTTPOptions{})
 		defer base.CloseIdleConnections()

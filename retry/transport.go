@@ -759,9 +759,9 @@ func (b *responseBody) interrupted(err error) {
 	})
 }
 
+// Close may run while another goroutine reads (to abort it), so it leaves
+// the peeked chunk alone; its buffer is then left to the collector.
 func (b *responseBody) Close() error {
-	b.peek = nil
-	putPeek(&b.peekBuf)
 	err := b.rc.Close()
 	b.finish()
 	return err
