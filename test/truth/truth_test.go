@@ -253,11 +253,17 @@ var columns = []string{"200", "200-cut", "4xx", "5xx", "not-sent", "failed", "am
 func TestTruth(t *testing.T) {
 	n := 10000
 	if v := os.Getenv("EGRET_TRUTH_N"); v != "" {
-		n, _ = strconv.Atoi(v)
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("EGRET_TRUTH_N=%q: want a positive number", v)
+		}
 	}
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("EGRET_TRUTH_SEED"); v != "" {
-		seed, _ = strconv.ParseUint(v, 10, 64)
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("EGRET_TRUTH_SEED=%q: %v", v, err)
+		}
 	}
 	t.Logf("seed %d (EGRET_TRUTH_SEED=%d reproduces the plan), %d requests", seed, seed, n)
 
