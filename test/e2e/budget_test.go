@@ -45,7 +45,7 @@ func TestBudgetsAreNodeWideAndPodPolicyApplies(t *testing.T) {
 	if r.Status != 503 || attempts(r) != 1 {
 		t.Fatalf("pod b after pod a spent the budget: status %d attempts %d", r.Status, attempts(r))
 	}
-	tr, _ := n.agent.Trace(r.Headers.Get("Egret-Request-Id"))
+	tr, _ := n.trace(r.Headers.Get("Egret-Request-Id"))
 	if len(tr.Attempts) != 1 || tr.Attempts[0].Decision.Reason.String() != "budget_exhausted" {
 		t.Fatalf("pod b's decision: %+v", tr.Attempts)
 	}

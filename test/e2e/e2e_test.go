@@ -83,7 +83,7 @@ func TestGetRetriedThrough503(t *testing.T) {
 		r.Status, r.Headers.Get("Egret-Attempts"), len(rec.Executions), rec.Arrivals)
 
 	// The trace says which pod's proxy dialed, from where.
-	tr, ok := n.agent.Trace(r.Headers.Get("Egret-Request-Id"))
+	tr, ok := n.trace(r.Headers.Get("Egret-Request-Id"))
 	if !ok || len(tr.Attempts) != 2 {
 		t.Fatalf("trace: %+v %v", tr, ok)
 	}

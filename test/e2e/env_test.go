@@ -25,6 +25,7 @@ import (
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy"
+	"github.com/egret-proxy/egret/retry"
 )
 
 // Prefix starts the name of every cgroup, bpffs directory, namespace and
@@ -374,4 +375,16 @@ func assertNothingLeft(t *testing.T, name string, progs []uint32) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// trace returns the trace of a request id. The proxy stores a trace when
+// the exchange ends, which may be just after the client has its answer.
+func (n *node) trace(id string) (retry.Trace, bool) {
+	for range 400 {
+		if tr, ok := n.agent.Trace(id); ok {
+			return tr, true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return retry.Trace{}, false
 }

@@ -59,7 +59,7 @@ func TestTwoPodsIdenticalTuples(t *testing.T) {
 			if got := leds[1-i].Executions(id); got != 0 {
 				t.Fatalf("%s: the other pod's upstream executed it %d times", p.name, got)
 			}
-			tr, ok := n.agent.Trace(r.Headers.Get("Egret-Request-Id"))
+			tr, ok := n.trace(r.Headers.Get("Egret-Request-Id"))
 			if !ok || tr.Upstream != dst.String() {
 				t.Fatalf("%s: trace %+v", p.name, tr)
 			}
@@ -88,7 +88,7 @@ func TestIPv6(t *testing.T) {
 	if r.Status != 502 || r.Headers.Get("Egret-Outcome") != "ambiguous" || led.Executions("v6-go") != 1 {
 		t.Fatalf("go client over IPv6: %+v", r)
 	}
-	tr, ok := n.agent.Trace(r.Headers.Get("Egret-Request-Id"))
+	tr, ok := n.trace(r.Headers.Get("Egret-Request-Id"))
 	if !ok || tr.Upstream != up.String() {
 		t.Fatalf("trace upstream %q, want %s", tr.Upstream, up)
 	}

@@ -104,7 +104,7 @@ func TestWitnessNotSentVersusAmbiguous(t *testing.T) {
 	if got := led.Executions("post-not-sent"); got != 1 {
 		t.Fatalf("executions = %d, want 1", got)
 	}
-	tr, ok := n.agent.Trace(r.Headers.Get("Egret-Request-Id"))
+	tr, ok := n.trace(r.Headers.Get("Egret-Request-Id"))
 	if !ok || len(tr.Attempts) != 2 {
 		t.Fatalf("trace %+v", tr)
 	}
@@ -125,7 +125,7 @@ func TestWitnessNotSentVersusAmbiguous(t *testing.T) {
 	if r.Status != 502 || r.Headers.Get("Egret-Outcome") != "ambiguous" || attempts(r) != 1 {
 		t.Fatalf("reset after bytes left: status %d outcome %q attempts %q", r.Status, r.Headers.Get("Egret-Outcome"), r.Headers.Get("Egret-Attempts"))
 	}
-	tr, _ = n.agent.Trace(r.Headers.Get("Egret-Request-Id"))
+	tr, _ = n.trace(r.Headers.Get("Egret-Request-Id"))
 	a1 = agent.ViewTrace(tr).Attempts[0]
 	wb, wa = tr.Attempts[0].WitnessBefore, tr.Attempts[0].WitnessAfter
 	t.Logf("reset after send: attempt 1 %s/%s evidence %s decision %s/%s; witness (%s) before: bytes_sent %d; after: bytes_sent %d data_segs %d acked %d reset %v; ledger executions %d",
