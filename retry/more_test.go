@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"strings"
@@ -369,5 +370,70 @@ func TestTraceExplain(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("explanation lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestWaitingForPooledConnIsPoolTimeout: with the only connection busy, a
+// POST that times out waiting for one was never written: not-sent.
+func TestWaitingForPooledConnIsPoolTimeout(t *testing.T) {
+	release := make(chan struct{})
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		<-release
+	}))
+	defer srv.Close()
+	defer close(release)
+	base := NewHTTPTransport(HTTPOptions{MaxConnsPerHost: 1})
+	defer base.CloseIdleConnections()
+	busy := &Transport{Base: base}
+	started := make(chan struct{})
+	go func() {
+		req := get(t, srv.URL)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			WroteRequest: func(httptrace.WroteRequestInfo) { close(started) },
+		}))
+		if resp, err := busy.RoundTrip(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-started
+	tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 50 * time.Millisecond; p.MaxAttempts = 2 })
+	tr.Base = base
+	_, err := tr.RoundTrip(post(t, srv.URL, "x"))
+	var e *Error
+	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 2 {
+		t.Fatalf("err %v", err)
+	}
+	for _, a := range e.Trace.Attempts {
+		if a.Failure != engine.PoolTimeout || a.Stage != StagePool {
+			t.Fatalf("attempt %+v", a)
+		}
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("hits %d", hits.Load())
+	}
+}
+
+// TestWriteFailureIsNeverNotSentWithoutProof: the server reads the headers
+// of a large POST and resets; the body write fails. Without a witness that
+// is sent_no_response: ambiguous.
+func TestWriteFailureIsNeverNotSentWithoutProof(t *testing.T) {
+	srv := newRawServer(t, func(c net.Conn, _ int) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		reset(c)
+	})
+	tr, _, _ := testTransport(t, nil)
+	_, err := tr.RoundTrip(post(t, srv.url(), strings.Repeat("x", 8<<20)))
+	var a *AmbiguousError
+	if !errors.As(err, &a) || a.Attempts != 1 {
+		t.Fatalf("err %v", err)
+	}
+	at := a.Trace.Attempts[0]
+	if at.Evidence != engine.SentNoResponse || (at.Failure != engine.WriteFailed && at.Failure != engine.ConnectionReset) {
+		t.Fatalf("attempt %+v", at)
 	}
 }
