@@ -396,9 +396,17 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	h.Del("Content-Length")
 	h.Set(HeaderRequestID, x.ID)
 	h.Set(HeaderAttempts, strconv.Itoa(n))
+	// Egret-Outcome on a relayed response is the runner's mark of an
+	// ambiguous status, never the upstream's own header.
+	ambiguous := h.Get(HeaderOutcome) == engine.OutcomeAmbiguous.String()
+	if tr, ok := retry.TraceOf(resp); ok {
+		ambiguous = tr.Outcome == engine.OutcomeAmbiguous
+	}
+	h.Del(HeaderOutcome)
 	outcome := labelRelayed
-	if h.Get(HeaderOutcome) == engine.OutcomeAmbiguous.String() {
+	if ambiguous {
 		outcome = engine.OutcomeAmbiguous.String()
+		h.Set(HeaderOutcome, outcome)
 	}
 	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
 		resp.StatusCode == http.StatusNotModified || resp.StatusCode < 200

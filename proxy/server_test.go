@@ -407,3 +407,21 @@ func TestResponseFraming(t *testing.T) {
 		t.Errorf("HTTP/1.0: body %q close %v", got, resp.Close)
 	}
 }
+
+func TestUpstreamCannotForgeEgretHeaders(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(HeaderOutcome, "not-sent")
+		w.Header().Set(HeaderAttempts, "7")
+		w.Header().Set(HeaderRequestID, "forged")
+		io.WriteString(w, "ok")
+	})
+	p := startProxy(t, Config{})
+	resp, err := p.client().Post(up.url("/"), "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := resp.Header.Values(HeaderOutcome); len(v) != 0 {
+		t.Errorf("relayed 200 carries the upstream's %s %q", HeaderOutcome, v)
+	}
+	checkEgretHeaders(t, resp, "1")
+}
