@@ -523,3 +523,8 @@ func viaLoops(h http.Header, pseudonym string) bool {
 	}
 	return false
 }
+
+var (
+	_ io.Reader = (*guard)(nil)
+	_ io.Reader = (*deadlineReader)(nil)
+)

@@ -110,3 +110,5 @@ func (s *Server) newRunner() http.RoundTripper {
 		Metrics: s.cfg.RetryMetrics,
 	}
 }
+
+var _ http.RoundTripper = baseRouter{}

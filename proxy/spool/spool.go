@@ -261,3 +261,5 @@ func (b *Body) Release() error {
 	}
 	return nil
 }
+
+var _ io.ReadCloser = (*Body)(nil)
