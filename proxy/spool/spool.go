@@ -149,11 +149,15 @@ func fileBody(f *os.File, n int64) *Body {
 	return &Body{kind: engine.BodyReopenable, file: f, size: n, r: io.NewSectionReader(f, 0, n)}
 }
 
+// tempFile creates the spool file and, where the system allows it, removes
+// its name at once: the open file stays readable, and nothing is left
+// behind even if the process is killed.
 func tempFile(dir string) (*os.File, error) {
 	f, err := os.CreateTemp(dir, "egret-body-*")
 	if err != nil {
 		return nil, fmt.Errorf("spool: %w", err)
 	}
+	_ = os.Remove(f.Name())
 	return f, nil
 }
 
@@ -181,7 +185,8 @@ func (b *Body) Len() int64 {
 	return b.size
 }
 
-// Path is the temporary file's name, "" when the body is not spooled.
+// Path is the temporary file's name, "" when the body is not spooled. On
+// Unix the name is removed as soon as the file is created.
 func (b *Body) Path() string {
 	if b.file == nil {
 		return ""
@@ -254,7 +259,7 @@ func (b *Body) Release() error {
 	}
 	if b.file != nil {
 		err := b.file.Close()
-		if rerr := os.Remove(b.file.Name()); err == nil {
+		if rerr := os.Remove(b.file.Name()); err == nil && !errors.Is(rerr, os.ErrNotExist) {
 			err = rerr
 		}
 		return err

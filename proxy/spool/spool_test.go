@@ -134,3 +134,28 @@ func TestSpoolDirLeftEmpty(t *testing.T) {
 		t.Fatalf("spool dir holds %d files after a failed spool", len(ents))
 	}
 }
+
+func TestSpoolFileNeverVisible(t *testing.T) {
+	dir := t.TempDir()
+	b, err := New(strings.NewReader(strings.Repeat("s", 40)), 40, Limits{Memory: 16, Spool: 64, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	if b.BodyKind() != engine.BodyReopenable {
+		t.Fatalf("kind %v", b.BodyKind())
+	}
+	// Nothing to leave behind even if the process dies now.
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("spool dir holds %d names while the body is alive", len(ents))
+	}
+	for range 2 {
+		rc, err := b.Reopen()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := io.ReadAll(rc); len(got) != 40 {
+			t.Fatalf("reopened %d bytes", len(got))
+		}
+	}
+}
