@@ -69,8 +69,11 @@ func TestWitnessCountsBytesSent(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// bytes_acked also counts the SYN, as tcpi_bytes_acked does.
-	if after.BytesSent != n || after.DataSegsOut < 1 || after.BytesAcked < n || after.NotSentBytes != 0 {
+	// bytes_acked also counts the SYN, as tcpi_bytes_acked does. On a loaded
+	// machine a tail-loss probe may resend a segment even on loopback; sent
+	// bytes count retransmissions, so they may exceed n only then.
+	exact := func(got uint64) bool { return got == n || after.Retransmits > 0 && got > n }
+	if !exact(after.BytesSent) || after.DataSegsOut < 1 || after.BytesAcked < n || after.NotSentBytes != 0 {
 		t.Fatalf("after %d bytes: %+v", n, after)
 	}
 	if witness.NoByteLeft(before, after) {
@@ -81,7 +84,7 @@ func TestWitnessCountsBytesSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.TxBytes != n || rec.TxDataSkbs < 1 || rec.AppBytes != n {
+	if !exact(rec.TxBytes) || rec.TxDataSkbs < 1 || rec.AppBytes != n {
 		t.Fatalf("record: tx_bytes=%d tx_data_skbs=%d app_bytes=%d, want %d", rec.TxBytes, rec.TxDataSkbs, rec.AppBytes, n)
 	}
 	// And agrees with the kernel's own counters.
