@@ -248,6 +248,7 @@ func (c *conn) answer(req *http.Request, a *answer) bool {
 	if a.outcome != "" {
 		h.Set(HeaderOutcome, a.outcome)
 	}
+	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	if a.close {
