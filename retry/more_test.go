@@ -437,3 +437,64 @@ func TestWriteFailureIsNeverNotSentWithoutProof(t *testing.T) {
 		t.Fatalf("attempt %+v", at)
 	}
 }
+
+func TestIPv6Loopback(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	var hits atomic.Int64
+	srv := &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			w.WriteHeader(503)
+		}
+	})}}
+	srv.Start()
+	defer srv.Close()
+	var upstream string
+	tr, _, _ := testTransport(t, nil)
+	tr.OnTrace = func(tc *Trace) { upstream = tc.Upstream }
+	resp, err := tr.RoundTrip(get(t, srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || hits.Load() != 2 || upstream != ln.Addr().String() {
+		t.Fatalf("status %d hits %d upstream %q", resp.StatusCode, hits.Load(), upstream)
+	}
+}
+
+func TestUpgradeKeepsConnectionWritable(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		line, _ := brw.ReadString('\n')
+		io.WriteString(c, "echo: "+line)
+	}))
+	defer srv.Close()
+	tr, _, _ := testTransport(t, nil)
+	req := get(t, srv.URL)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	if resp.StatusCode != 101 || !ok {
+		t.Fatalf("status %d, writable %v", resp.StatusCode, ok)
+	}
+	io.WriteString(rw, "hello\n")
+	line, err := bufio.NewReader(rw).ReadString('\n')
+	if err != nil || line != "echo: hello\n" {
+		t.Fatalf("read %q %v", line, err)
+	}
+	if _, ok := TraceOf(resp); !ok {
+		t.Fatal("no trace")
+	}
+}

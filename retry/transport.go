@@ -658,7 +658,7 @@ func (r *run) finish(ar *attemptResult, rec *Attempt) (*http.Response, error) {
 		resp := ar.resp
 		ar.resp = nil
 		out := r.deliver(resp, ar.peek, ar.peekErr, ar, r.ledger.AmbiguousStatus)
-		out.Body.(*responseBody).peekBuf, ar.peekBuf, ar.peek = ar.peekBuf, nil, nil
+		ar.peekBuf, ar.peek = nil, nil // the body owns the buffer now
 		return out, nil
 	}
 	ar.done()
@@ -705,9 +705,24 @@ func (r *run) deliver(resp *http.Response, peek []byte, peekErr error, ar *attem
 		resp.Header.Set(HeaderOutcome, engine.OutcomeAmbiguous.String())
 	}
 	b := &responseBody{rc: resp.Body, peek: peek, peekErr: peekErr, r: r, ar: ar}
+	if ar != nil {
+		b.peekBuf = ar.peekBuf
+	}
 	resp.Body = b
+	if rw, ok := b.rc.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		// An upgraded connection (WebSocket): keep it writable.
+		resp.Body = &upgradedBody{responseBody: b, w: rw}
+	}
 	return resp
 }
+
+// upgradedBody is the body of a 101 response: the connection itself.
+type upgradedBody struct {
+	*responseBody
+	w io.Writer
+}
+
+func (u *upgradedBody) Write(p []byte) (int, error) { return u.w.Write(p) }
 
 // responseBody is the body of a returned response.
 type responseBody struct {
@@ -796,9 +811,11 @@ func TraceOf(resp *http.Response) (*Trace, bool) {
 	if resp == nil {
 		return nil, false
 	}
-	b, ok := resp.Body.(*responseBody)
-	if !ok {
-		return nil, false
+	switch b := resp.Body.(type) {
+	case *responseBody:
+		return b.r.trace, true
+	case *upgradedBody:
+		return b.r.trace, true
 	}
-	return b.r.trace, true
+	return nil, false
 }
