@@ -102,7 +102,8 @@ func TestRedirectBenchmark(t *testing.T) {
 	// egret's own upstream sockets carry its mark and are left alone (as
 	// sidecar proxies' rules do), or they would loop back to it.
 	rule := []string{"-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", iptPod.host4.String(), "--dport", fmt.Sprint(port),
-		"-m", "mark", "!", "--mark", fmt.Sprint(n.loader.Mark()), "-j", "REDIRECT", "--to-ports", "15002"}
+		"-m", "mark", "!", "--mark", fmt.Sprint(n.loader.Mark()),
+		"-m", "comment", "--comment", Prefix + "redirect", "-j", "REDIRECT", "--to-ports", "15002"}
 	if out, err := iptPod.run(t, iptPod.command("iptables", append([]string{"-w"}, rule...)...)); err != nil {
 		t.Fatalf("iptables: %v %s", err, out)
 	}

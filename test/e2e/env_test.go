@@ -364,6 +364,13 @@ func assertNothingLeft(t *testing.T, name string, progs []uint32) {
 			t.Errorf("left behind: interface %s", l.Attrs().Name)
 		}
 	}
+	// Rules the tests add carry a comment with Prefix; they live in the
+	// pods' namespaces and must not be in the host's.
+	for _, save := range []string{"iptables-save", "ip6tables-save"} {
+		if out, err := exec.Command(save).Output(); err == nil && strings.Contains(string(out), Prefix) {
+			t.Errorf("left behind: %s rules with %q", save, Prefix)
+		}
+	}
 	// Programs are freed after an RCU grace period: allow a moment.
 	deadline := time.Now().Add(5 * time.Second)
 	for _, id := range progs {

@@ -121,7 +121,8 @@ func TestPodPolicyStillApplies(t *testing.T) {
 	}
 
 	// Block the ledger in the pod's namespace.
-	rule := []string{"OUTPUT", "-p", "tcp", "-d", blocked.Addr().String(), "--dport", fmt.Sprint(blocked.Port()), "-j", "REJECT", "--reject-with", "tcp-reset"}
+	rule := []string{"OUTPUT", "-p", "tcp", "-d", blocked.Addr().String(), "--dport", fmt.Sprint(blocked.Port()),
+		"-m", "comment", "--comment", Prefix + "block", "-j", "REJECT", "--reject-with", "tcp-reset"}
 	ipt := p.command("iptables", append([]string{"-w", "-A"}, rule...)...)
 	if out, err := p.run(t, ipt); err != nil {
 		t.Fatalf("iptables: %v %s", err, out)
