@@ -235,9 +235,9 @@ type answer struct {
 
 // answer writes a's response. It reports whether it was written.
 func (c *conn) answer(req *http.Request, a *answer) bool {
-	body := "egret: " + a.msg + "\n"
-	if a.msg == "" {
-		body = ""
+	body := ""
+	if a.msg != "" {
+		body = "egret: " + strings.TrimPrefix(a.msg, "egret: ") + "\n"
 	}
 	h := http.Header{}
 	for k, v := range a.extra {
