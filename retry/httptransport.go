@@ -251,6 +251,11 @@ func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, proto
 	hctx, cancel := context.WithTimeout(ctx, t.opts.TLSHandshakeTimeout)
 	err = tc.HandshakeContext(hctx)
 	cancel()
+	if err == nil {
+		if wc := witnessConnOf(raw); wc != nil {
+			wc.reborn()
+		}
+	}
 	if trace != nil && trace.TLSHandshakeDone != nil {
 		trace.TLSHandshakeDone(tc.ConnectionState(), err)
 	}

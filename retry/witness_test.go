@@ -3,10 +3,13 @@ package retry
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -302,5 +305,66 @@ func TestNoHiddenRetryOfPOSTWithIdempotencyKey(t *testing.T) {
 	}
 	if executed.Load() != 2 || srv.conns.Load() != 1 {
 		t.Fatalf("executed %d on %d connections: net/http replayed the POST", executed.Load(), srv.conns.Load())
+	}
+}
+
+// TestWitnessTLSResetAfterHandshake: a TLS upstream that completes the
+// handshake and resets before the request is written (load shedding). The
+// handshake's bytes are not the request's: TCP_INFO proves not_sent and
+// the POST is retried.
+func TestWitnessTLSResetAfterHandshake(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("TCP_INFO is Linux-only")
+	}
+	ts := httptest.NewTLSServer(nil) // only for its certificate and client roots
+	roots := ts.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	cert := ts.TLS
+	ts.Close()
+	var executed atomic.Int64
+	shed := make(chan struct{})
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		tc := tls.Server(c, cert)
+		if err := tc.Handshake(); err != nil {
+			return
+		}
+		if n == 1 {
+			time.Sleep(10 * time.Millisecond)
+			reset(c)
+			close(shed)
+			return
+		}
+		br := bufio.NewReader(tc)
+		for {
+			if _, _, err := readReq(br); err != nil {
+				return
+			}
+			executed.Add(1)
+			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	base := NewHTTPTransport(HTTPOptions{TLS: &tls.Config{RootCAs: roots, ServerName: "example.com"}})
+	t.Cleanup(base.CloseIdleConnections)
+	tr, _, _ := testTransport(t, nil)
+	tr.Base = base
+	tr.Witness = witness.TCPInfo{}
+	var handshakes atomic.Int64
+	req := post(t, "https://"+srv.ln.Addr().String()+"/", "pay")
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		TLSHandshakeDone: func(tls.ConnectionState, error) {
+			if handshakes.Add(1) == 1 {
+				<-shed // hand the connection over only once the server shed it
+				time.Sleep(20 * time.Millisecond)
+			}
+		},
+	}))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	at := trc.Attempts[0]
+	if !at.Upgraded || at.Evidence != engine.NotSent || executed.Load() != 1 || len(trc.Attempts) != 2 {
+		t.Fatalf("executed %d, attempts %+v", executed.Load(), trc.Attempts)
 	}
 }

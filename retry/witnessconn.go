@@ -34,8 +34,9 @@ type witnessConn struct {
 
 	mu       sync.Mutex
 	w        witness.Witness
-	birth    witness.Counters // at dial, when armed from birth
+	birth    witness.Counters // at dial (after the TLS handshake), when armed from birth
 	hasBirth bool
+	bornAt   uint64 // written when birth was taken
 	written  uint64 // bytes the socket accepted from us
 	writing  int
 	frozen   bool
@@ -78,20 +79,33 @@ func (c *witnessConn) armAtBirth(w witness.Witness) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.w = w
-	if c.raw == nil {
+	c.snapBirthLocked()
+}
+
+// reborn retakes the birth snapshot once the TLS handshake is done: the
+// handshake's own bytes are not the request's.
+func (c *witnessConn) reborn() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.snapBirthLocked()
+}
+
+func (c *witnessConn) snapBirthLocked() {
+	c.hasBirth = false
+	if c.w == nil || c.raw == nil || c.frozen || c.writing > 0 {
 		return
 	}
-	if s, err := w.Snapshot(c.raw); err == nil {
-		c.birth, c.hasBirth = s, true
+	if s, err := c.w.Snapshot(c.raw); err == nil {
+		c.birth, c.hasBirth, c.bornAt = s, true, c.written
 	}
 }
 
-// birthIfUnused returns the birth snapshot if nothing was ever written on
-// the connection: then it is as good a "before" as one taken now.
+// birthIfUnused returns the birth snapshot if nothing was written on the
+// connection since: then it is as good a "before" as one taken now.
 func (c *witnessConn) birthIfUnused() (witness.Counters, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.birth, c.hasBirth && c.written == 0 && c.writing == 0
+	return c.birth, c.hasBirth && c.written == c.bornAt && c.writing == 0
 }
 
 func (c *witnessConn) Write(p []byte) (int, error) {
