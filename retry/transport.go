@@ -237,7 +237,11 @@ type attemptResult struct {
 func (r *run) do() (*http.Response, error) {
 	req, t := r.req, r.t
 	r.pol = t.policyFor(req)
-	r.idempotent = r.pol.Idempotency.Resolve(req.Method, req.Header.Get("Idempotency-Key") != "")
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet // net/http's reading of an empty method
+	}
+	r.idempotent = r.pol.Idempotency.Resolve(method, req.Header.Get("Idempotency-Key") != "")
 	r.kind = BodyKind(req)
 	r.ctx, r.cancel = req.Context(), func() {}
 	if r.pol.Timeout > 0 {
@@ -249,7 +253,7 @@ func (r *run) do() (*http.Response, error) {
 	}
 	r.trace = &Trace{
 		RequestID:  req.Header.Get("Egret-Request-Id"),
-		Method:     req.Method,
+		Method:     method,
 		Upstream:   r.pol.Upstream,
 		Idempotent: r.idempotent,
 		Body:       r.kind,
