@@ -125,8 +125,10 @@ func (a *attemptTrace) freezeConn() {
 }
 
 // after returns the witness's "after" snapshot of a failed attempt: the one
-// its connection took when it froze, or, for a connection we cannot
-// freeze, none.
+// its connection took when it froze. A connection that is not ours (a Base
+// other than HTTPTransport) gives none: nothing stops a write still in
+// flight from queueing bytes after any reading we could take, so there is
+// no proof to be had.
 func (a *attemptTrace) after() (witness.Counters, bool) {
 	a.mu.Lock()
 	c := a.conn
@@ -136,14 +138,7 @@ func (a *attemptTrace) after() (witness.Counters, bool) {
 	}
 	wc := witnessConnOf(c)
 	if wc == nil {
-		// Not our connection: a live reading is all there is, and only
-		// if nothing is queued (NoByteLeft checks that).
-		raw, err := rawConnOf(c)
-		if err != nil {
-			return witness.Counters{}, false
-		}
-		s, err := a.w.Snapshot(raw)
-		return s, err == nil
+		return witness.Counters{}, false
 	}
 	if !wc.shared {
 		wc.freeze()
