@@ -114,6 +114,8 @@ type Agent struct {
 	traces    *proxy.Traces
 	pmetrics  *proxy.Metrics
 
+	drains sync.WaitGroup // pods draining in the background
+
 	mu      sync.Mutex
 	pods    map[string]*podState
 	synced  bool
@@ -310,11 +312,22 @@ func (a *Agent) remove(name string) {
 	}
 }
 
+// stopPod detaches the pod and closes its listeners now; its in-flight
+// requests drain in the background (stopAll waits for them), so a slow
+// pod never holds up the events of the others.
 func (a *Agent) stopPod(ps *podState, detach bool) {
-	if err := ps.stop(a, detach); err != nil {
+	drain, err := ps.stop(a, detach)
+	if err != nil {
 		a.m.failures.WithLabelValues("stop").Inc()
 		a.log.Error("pod stop", "pod", ps.pod.Name, "err", err)
 	}
+	a.drains.Add(1)
+	go func() {
+		defer a.drains.Done()
+		if err := drain(); err != nil {
+			a.log.Warn("pod drained with requests cut short", "pod", ps.pod.Name, "err", err)
+		}
+	}()
 }
 
 func (a *Agent) retryFailed() {
@@ -381,6 +394,7 @@ func (a *Agent) stopAll() {
 		}()
 	}
 	wg.Wait()
+	a.drains.Wait()
 	if a.cfg.CleanupOnExit && a.cfg.SelfCgroup != "" {
 		if err := a.cfg.Attacher.DetachSelf(a.cfg.SelfCgroup); err != nil {
 			a.log.Error("detach egret's own cgroup", "err", err)

@@ -29,6 +29,7 @@ type podState struct {
 	listen []netip.AddrPort
 	srv    *proxy.Server
 	policy *podPolicy
+	lns    []net.Listener
 	served sync.WaitGroup
 }
 
@@ -36,7 +37,9 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	ps := &podState{pod: p, state: StateRunning, since: time.Now()}
 	defer func() {
 		if err != nil {
-			ps.stop(a, true)
+			if drain, _ := ps.stop(a, true); drain != nil {
+				drain()
+			}
 		}
 	}()
 	if ps.ns, err = netns.Open(p.Netns); err != nil {
@@ -87,6 +90,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		return nil, err
 	}
 	ps.srv = srv
+	ps.lns = lns
 	for _, l := range lns {
 		ps.served.Add(1)
 		go func() {
@@ -133,26 +137,35 @@ func (ps *podState) update(a *Agent, p pods.Pod) error {
 	return nil
 }
 
-// stop detaches the pod (when detach is set) and drains its proxy.
-func (ps *podState) stop(a *Agent, detach bool) error {
-	var errs []error
+// stop detaches the pod (when detach is set) and closes its listeners at
+// once, so the pod's connects go direct and its port is free again; it
+// returns drain, which lets in-flight requests finish (up to the grace
+// period) and releases the rest. drain may run in the background.
+func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) {
 	if detach && ps.cgid != 0 {
-		if err := a.cfg.Attacher.DetachPodID(ps.cgid); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("detach: %w", err))
+		if derr := a.cfg.Attacher.DetachPodID(ps.cgid); derr != nil && !errors.Is(derr, os.ErrNotExist) {
+			err = fmt.Errorf("detach: %w", derr)
 		}
 	}
-	if ps.srv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGrace)
-		if err := ps.srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("drain: %w", err))
+	for _, l := range ps.lns {
+		l.Close()
+	}
+	drain = func() error {
+		var derr error
+		if ps.srv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGrace)
+			if e := ps.srv.Shutdown(ctx); e != nil {
+				derr = fmt.Errorf("drain: %w", e)
+			}
+			cancel()
+			ps.served.Wait()
 		}
-		cancel()
-		ps.served.Wait()
+		if ps.ns != nil {
+			ps.ns.Close()
+		}
+		return derr
 	}
-	if ps.ns != nil {
-		ps.ns.Close()
-	}
-	return errors.Join(errs...)
+	return drain, err
 }
 
 func (ps *podState) listenStrings() []string {
