@@ -47,10 +47,8 @@ type witnessConn struct {
 
 func newWitnessConn(c net.Conn) *witnessConn {
 	wc := &witnessConn{Conn: c}
-	if sc, ok := c.(syscall.Conn); ok {
-		if raw, err := sc.SyscallConn(); err == nil {
-			wc.raw = raw
-		}
+	if raw, err := rawConnOf(c); err == nil {
+		wc.raw = raw
 	}
 	return wc
 }
@@ -170,7 +168,7 @@ func (c *witnessConn) freeze() {
 		return
 	}
 	if snap.HasNotSentBytes && snap.NotSentBytes > 0 {
-		if l, ok := c.Conn.(interface{ SetLinger(int) error }); ok && l.SetLinger(0) == nil {
+		if l := lingererOf(c.Conn); l != nil && l.SetLinger(0) == nil {
 			snap.QueueDiscarded = true
 		}
 	}
@@ -218,4 +216,19 @@ func rawConnOf(c net.Conn) (syscall.RawConn, error) {
 		}
 	}
 	return nil, witness.ErrUnsupported
+}
+
+// lingererOf finds the connection under c that can set SO_LINGER.
+func lingererOf(c net.Conn) interface{ SetLinger(int) error } {
+	for range 4 {
+		if l, ok := c.(interface{ SetLinger(int) error }); ok {
+			return l
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		c = u.NetConn()
+	}
+	return nil
 }
