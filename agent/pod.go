@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -66,12 +67,16 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		a.log.Warn("no IPv6 listener; IPv6 connects go direct", "pod", p.Name, "err", err6)
 	}
 
-	ps.policy = newPodPolicy(a.cfg.Policy, p)
+	ps.policy = newPodPolicy(a.cfg.Policy, p, a.log)
 	pc := a.cfg.Proxy
 	pc.Mode = proxy.Transparent
 	pc.Resolver = bpfResolver{listeners: ps.listen}
 	pc.Policy = ps.policy
-	d := &netns.Dialer{NS: ps.ns, Mark: a.cfg.Mark, Timeout: pc.DialTimeout}
+	dialTimeout := pc.DialTimeout
+	if dialTimeout <= 0 {
+		dialTimeout = proxy.DefaultDialTimeout
+	}
+	d := &netns.Dialer{NS: ps.ns, Mark: a.cfg.Mark, Timeout: dialTimeout}
 	pc.Dial = d.DialContext
 	if a.cfg.WrapDial != nil {
 		pc.Dial = a.cfg.WrapDial(p.Name, pc.Dial)
@@ -198,6 +203,7 @@ func (ps *podState) status() PodStatus {
 // longer fits the node policy is logged and the node policy used.
 type podPolicy struct {
 	base proxy.PolicySource
+	log  *slog.Logger
 
 	mu       sync.Mutex
 	name     string
@@ -208,11 +214,11 @@ type podPolicy struct {
 
 var _ proxy.PolicySource = (*podPolicy)(nil)
 
-func newPodPolicy(base proxy.PolicySource, p pods.Pod) *podPolicy {
+func newPodPolicy(base proxy.PolicySource, p pods.Pod, log *slog.Logger) *podPolicy {
 	if base == nil {
 		base = proxy.StaticPolicy{P: policy.Default()}
 	}
-	pp := &podPolicy{base: base}
+	pp := &podPolicy{base: base, log: log}
 	pp.set(p)
 	return pp
 }
@@ -235,6 +241,8 @@ func (pp *podPolicy) Current() *policy.Policy {
 	if b != pp.lastBase || pp.cur == nil {
 		o, err := policy.Overlay(b, pp.name, pp.override)
 		if err != nil {
+			// Logged once per node policy: the pod runs on the node's.
+			pp.log.Error("pod policy override does not apply; using the node policy", "pod", pp.name, "err", err)
 			o = b
 		}
 		pp.lastBase, pp.cur = b, o
