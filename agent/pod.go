@@ -100,7 +100,9 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		ps.served.Add(1)
 		go func() {
 			defer ps.served.Done()
-			if err := srv.Serve(l); err != nil && !errors.Is(err, proxy.ErrServerClosed) {
+			// The listener is closed when the pod stops (before the
+			// server drains): that is the normal end too.
+			if err := srv.Serve(l); err != nil && !errors.Is(err, proxy.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 				a.log.Error("serve", "pod", p.Name, "listener", l.Addr().String(), "err", err)
 			}
 		}()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -35,8 +36,9 @@ func runCommand() *cli.Command {
 			"destinations included), with an agent for it alone, so that a plain client such as\n" +
 			"curl gets egret's truthful retries without knowing it (answers carry Egret-Attempts).\n" +
 			"--netns host (default) keeps the host's network namespace; --netns new gives CMD a\n" +
-			"namespace of its own with only a loopback. Everything egret set up is removed when\n" +
-			"CMD exits; egret exits with CMD's status. Needs root.",
+			"namespace of its own, joined to the host by a veth pair (10.254.x.y/30): CMD finds\n" +
+			"the host's end in $EGRET_HOST, its default route. Everything egret set up is\n" +
+			"removed when CMD exits; egret exits with CMD's status. Needs root.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "netns", Value: "host", Usage: "network namespace of CMD: host or new"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (default: the embedded defaults)"},
@@ -172,6 +174,9 @@ func runRun(c *cli.Context) error {
 
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if r.hostAddr.IsValid() {
+		cmd.Env = append(os.Environ(), "EGRET_HOST="+r.hostAddr.String())
+	}
 	cgf, err := os.Open(r.cmdCg)
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
@@ -220,6 +225,8 @@ type runEnv struct {
 	ns        *netns.NS
 	nsPath    string // "" for host
 	newNs     bool
+	hostIf    string     // the host end of --netns new's veth
+	hostAddr  netip.Addr // its address
 	loader    *bpfload.Loader
 	stopAgent func()
 	agentDone chan struct{}
@@ -247,6 +254,15 @@ func (r *runEnv) setup(mode string) error {
 		}
 		r.newNs = true
 		r.nsPath = r.ns.Path()
+		var b [2]byte
+		_, _ = rand.Read(b[:])
+		base := netip.AddrFrom4([4]byte{10, 254, b[0], b[1] &^ 3})
+		r.hostAddr = base.Next()
+		r.hostIf = "egr" + r.name[len(r.name)-8:]
+		if err := netns.Veth(r.ns, r.hostIf, netip.PrefixFrom(r.hostAddr, 30), netip.PrefixFrom(r.hostAddr.Next(), 30)); err != nil {
+			return err
+		}
+		r.log.Info("command namespace", "netns", r.nsPath, "host", r.hostAddr, "command", r.hostAddr.Next())
 	} else {
 		r.ns = netns.Host()
 	}
@@ -269,6 +285,11 @@ func (r *runEnv) cleanup() {
 	}
 	if r.ns != nil {
 		r.ns.Close()
+	}
+	if r.hostIf != "" {
+		if err := netns.DeleteLink(r.hostIf); err != nil {
+			r.log.Error("remove veth", "err", err)
+		}
 	}
 	if r.newNs {
 		if err := netns.DeleteNamed(r.name); err != nil {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -33,16 +34,29 @@ func TestEgretRunCurl(t *testing.T) {
 		t.Fatalf("status %d attempts %q executions %d", r.Status, r.Headers.Get("Egret-Attempts"), led.Executions("run-1"))
 	}
 
-	// Exit status and a namespace of its own with --netns new.
+	// --netns new: a namespace of its own, joined to the host by a veth
+	// whose host end is in $EGRET_HOST; the exit status is the command's.
+	led2, up2 := startLedger(t, netip.IPv4Unspecified())
 	self, _ := os.Readlink("/proc/self/ns/net")
-	out, err := exec.Command(bin, "run", "-q", "--netns", "new", "--", "sh", "-c", "readlink /proc/self/ns/net; exit 3").Output()
+	script := fmt.Sprintf(`readlink /proc/self/ns/net; curl -sS -i -H "Ledger-Id: run-2" -H "Ledger-Fault: 503; times=1" http://$EGRET_HOST:%d/; exit 3`, up2.Port())
+	cmd = exec.Command(bin, "run", "-q", "--netns", "new", "--", "sh", "-c", script)
+	stdout.Reset()
+	stderr.Reset()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
-		t.Fatalf("exit status: %v", err)
+		t.Fatalf("exit status: %v\n%s", err, stderr.String())
 	}
-	if ns := strings.TrimSpace(string(out)); ns == self || !strings.HasPrefix(ns, "net:") {
+	ns, resp, _ := strings.Cut(stdout.String(), "\n")
+	if ns == self || !strings.HasPrefix(ns, "net:") {
 		t.Fatalf("--netns new ran in %q (egret's is %q)", ns, self)
 	}
+	r = parseHTTP(t, resp)
+	if r.Status != 200 || attempts(r) != 2 || led2.Executions("run-2") != 2 {
+		t.Fatalf("--netns new: status %d attempts %d executions %d", r.Status, attempts(r), led2.Executions("run-2"))
+	}
+	t.Logf("$ sudo egret run -q --netns new -- sh -c '%s'\n%s(exit %d)", script, stdout.String(), ee.ExitCode())
 	assertNothingLeftByRun(t)
 }
 
@@ -111,6 +125,9 @@ func hideBTF(bin string, args ...string) *exec.Cmd {
 
 func assertNothingLeftByRun(t *testing.T) {
 	t.Helper()
+	if out, _ := exec.Command("ip", "-br", "link").Output(); strings.Contains(string(out), "egr") {
+		t.Errorf("left behind by egret run: a veth\n%s", out)
+	}
 	for _, d := range []string{"/sys/fs/cgroup/unified", "/sys/fs/bpf", "/run/netns"} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
