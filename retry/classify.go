@@ -25,6 +25,10 @@ var errAttemptTimeout = errors.New("egret: attempt timeout")
 // net/http's goroutines, hence the lock.
 type attemptTrace struct {
 	w witness.Witness
+	// guardStale: check a reused HTTP/1.1 connection for an upstream
+	// close before writing a non-idempotent request on it.
+	guardStale bool
+	stale      bool
 
 	mu                        sync.Mutex
 	dnsStart, dnsDone         bool
@@ -102,6 +106,9 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 		}
 	}
 	a.hasBefore, a.beforeErr = err == nil, err
+	if a.guardStale && info.Reused && a.hasBefore && wc != nil && !wc.shared && wc.refuseIfStale() {
+		a.stale = true
+	}
 }
 
 func (a *attemptTrace) wroteReq(info httptrace.WroteRequestInfo) {

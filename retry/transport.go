@@ -396,7 +396,7 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 		actx, cancel = context.WithCancelCause(r.ctx)
 	}
 	ar.cancel = cancel
-	at := &attemptTrace{w: t.Witness}
+	at := &attemptTrace{w: t.Witness, guardStale: t.Witness != nil && !r.idempotent}
 	actx = httptrace.WithClientTrace(actx, at.clientTrace())
 	if t.Witness != nil {
 		actx = context.WithValue(actx, witnessKey{}, t.Witness)

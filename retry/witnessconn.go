@@ -40,6 +40,7 @@ type witnessConn struct {
 	written  uint64 // bytes the socket accepted from us
 	writing  int
 	frozen   bool
+	reason   error // what writes return once frozen
 	final    witness.Counters
 	finalOK  bool
 	finalErr error
@@ -109,8 +110,9 @@ func (c *witnessConn) birthIfUnused() (witness.Counters, bool) {
 func (c *witnessConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.frozen {
+		err := c.reason
 		c.mu.Unlock()
-		return 0, errFrozen
+		return 0, err
 	}
 	c.writing++
 	c.mu.Unlock()
@@ -139,14 +141,32 @@ func (c *witnessConn) Close() error {
 	return c.Conn.Close()
 }
 
+// errStale is returned by writes on a pooled connection that the upstream
+// had closed before the request was written on it.
+var errStale = errors.New("egret: pooled connection closed by the upstream before the request was written")
+
+// refuseIfStale freezes an idle pooled connection that the peer has closed
+// already, before a byte of the next request is written on it: the
+// attempt then fails with evidence the witness can prove (nothing left).
+// It reports whether it did.
+func (c *witnessConn) refuseIfStale() bool {
+	if c.raw == nil || !peerClosed(c.raw) {
+		return false
+	}
+	c.freezeWith(errStale)
+	return true
+}
+
 // freeze stops all writes and takes the final snapshot once.
-func (c *witnessConn) freeze() {
+func (c *witnessConn) freeze() { c.freezeWith(errFrozen) }
+
+func (c *witnessConn) freezeWith(reason error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.frozen {
 		return
 	}
-	c.frozen = true
+	c.frozen, c.reason = true, reason
 	if c.w == nil || c.raw == nil {
 		return
 	}

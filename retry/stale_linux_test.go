@@ -1,0 +1,128 @@
+//go:build linux
+
+package retry
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy/witness"
+)
+
+func TestPeerClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer := <-accepted
+	wc := newWitnessConn(c)
+	if peerClosed(wc.raw) || wc.refuseIfStale() {
+		t.Fatal("a live idle connection looks closed")
+	}
+	peer.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for !peerClosed(wc.raw) {
+		if time.Now().After(deadline) {
+			t.Fatal("the peer's close was never seen")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !wc.refuseIfStale() {
+		t.Fatal("refuseIfStale did not refuse")
+	}
+	if _, err := wc.Write([]byte("POST / HTTP/1.1\r\n")); err != errStale {
+		t.Fatalf("write on a stale connection: %v", err)
+	}
+}
+
+// lazyReader delays every read after the first on a connection, so that
+// net/http's idle read loop notices an upstream's close late: the window in
+// which a pooled connection is reused just as the upstream closes it.
+type lazyReader struct {
+	net.Conn
+	reads atomic.Int64
+}
+
+func (l *lazyReader) Read(p []byte) (int, error) {
+	if l.reads.Add(1) > 1 {
+		time.Sleep(300 * time.Millisecond)
+	}
+	return l.Conn.Read(p)
+}
+
+func (l *lazyReader) NetConn() net.Conn { return l.Conn }
+
+// TestStalePooledConnectionPOSTIsNotSent: the upstream closes an idle
+// keep-alive connection just before a POST reuses it. Writing the POST
+// there would make it ambiguous; the Transport refuses to write on it, the
+// witness proves nothing left, and the POST goes out once on a new
+// connection.
+func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
+	var executed atomic.Int64
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		br := bufio.NewReader(c)
+		for {
+			req, _, err := readReq(br)
+			if err != nil {
+				return
+			}
+			if req.Method == "POST" {
+				executed.Add(1)
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			if n == 1 {
+				time.Sleep(20 * time.Millisecond)
+				return // close the idle connection (FIN)
+			}
+		}
+	})
+	base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &lazyReader{Conn: c}, nil
+	}})
+	t.Cleanup(base.CloseIdleConnections)
+	tr, _, _ := testTransport(t, nil)
+	tr.Base = base
+	tr.Witness = witness.TCPInfo{}
+	resp, err := tr.RoundTrip(get(t, srv.url()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	time.Sleep(60 * time.Millisecond) // the upstream has closed; net/http has not noticed
+	resp, err = tr.RoundTrip(post(t, srv.url(), strings.Repeat("p", 100)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	first := trc.Attempts[0]
+	if len(trc.Attempts) != 2 || !first.Upgraded || first.Evidence != engine.NotSent || !strings.Contains(first.Err, "closed by the upstream") {
+		t.Fatalf("attempts %+v", trc.Attempts)
+	}
+	if executed.Load() != 1 || srv.conns.Load() != 2 {
+		t.Fatalf("executed %d on %d connections", executed.Load(), srv.conns.Load())
+	}
+}
