@@ -65,7 +65,11 @@ type Transport struct {
 	// Budgets holds the node-wide retry budgets. nil: a private registry.
 	Budgets *engine.Budgets
 	// Witness, when set, may upgrade sent_no_response to not_sent with
-	// proof from the kernel that no byte of the attempt left the host.
+	// proof from the kernel that no byte of the attempt left the host
+	// (connections of NewHTTPTransport only: they freeze at a failure so
+	// that the proof holds). With it, a non-idempotent request is never
+	// written on a pooled HTTP/1.1 connection the upstream already closed:
+	// the attempt fails before its first byte, provably not_sent.
 	Witness witness.Witness
 	// Rand is the jitter's source. nil: engine.DefaultRand.
 	Rand engine.Rand
