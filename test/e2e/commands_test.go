@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/ledger"
 )
@@ -20,6 +22,7 @@ import (
 // carries Egret-Attempts.
 func TestEgretRunCurl(t *testing.T) {
 	testenv.RequireRoot(t)
+	nothingLeftByRun(t)
 	bin := egretBinary(t)
 	led, up := startLedgerLoopback(t)
 	cmd := exec.Command(bin, "run", "--", "curl", "-sS", "-i", "-H", "Ledger-Id: run-1", "-H", "Ledger-Fault: 503; times=1", url(up, "/hello"))
@@ -57,7 +60,6 @@ func TestEgretRunCurl(t *testing.T) {
 		t.Fatalf("--netns new: status %d attempts %d executions %d", r.Status, attempts(r), led2.Executions("run-2"))
 	}
 	t.Logf("$ sudo egret run -q --netns new -- sh -c '%s'\n%s(exit %d)", script, stdout.String(), ee.ExitCode())
-	assertNothingLeftByRun(t)
 }
 
 func startLedgerLoopback(t *testing.T) (*ledger.Server, netip.AddrPort) {
@@ -69,6 +71,7 @@ func startLedgerLoopback(t *testing.T) (*ledger.Server, netip.AddrPort) {
 // both commands name what is missing and exit non-zero.
 func TestCommandsSayWhatIsMissing(t *testing.T) {
 	testenv.RequireRoot(t)
+	nothingLeftByRun(t)
 	bin := egretBinary(t)
 	if err := os.Chmod(bin, 0o755); err != nil {
 		t.Fatal(err)
@@ -101,7 +104,6 @@ func TestCommandsSayWhatIsMissing(t *testing.T) {
 			t.Logf("exit %d: %s", ee.ExitCode(), strings.TrimSpace(string(out)))
 		})
 	}
-	assertNothingLeftByRun(t)
 }
 
 func asNobody(cmd *exec.Cmd) *exec.Cmd {
@@ -123,17 +125,38 @@ func hideBTF(bin string, args ...string) *exec.Cmd {
 		`mount -t tmpfs none /sys/kernel/btf && exec "$@"`, "sh", bin}, args...)...)
 }
 
-func assertNothingLeftByRun(t *testing.T) {
-	t.Helper()
-	if out, _ := exec.Command("ip", "-br", "link").Output(); strings.Contains(string(out), "egr") {
-		t.Errorf("left behind by egret run: a veth\n%s", out)
-	}
+// runLeftovers lists what `egret run` makes: cgroups, pins and
+// namespaces named egret-run-*, and its egr* veths.
+func runLeftovers() map[string]bool {
+	got := map[string]bool{}
 	for _, d := range []string{"/sys/fs/cgroup/unified", "/sys/fs/bpf", "/run/netns"} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), "egret-run-") {
-				t.Errorf("left behind by egret run: %s/%s", d, e.Name())
+				got[d+"/"+e.Name()] = true
 			}
 		}
 	}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, "egr") {
+			got["interface "+l.Attrs().Name] = true
+		}
+	}
+	return got
+}
+
+// nothingLeftByRun checks, when the test ends, that no egret run left
+// anything that was not there when it started (someone else's egret run
+// may be going on at the same time).
+func nothingLeftByRun(t *testing.T) {
+	t.Helper()
+	before := runLeftovers()
+	t.Cleanup(func() {
+		for x := range runLeftovers() {
+			if !before[x] {
+				t.Errorf("left behind by egret run: %s", x)
+			}
+		}
+	})
 }

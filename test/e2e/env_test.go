@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -129,6 +130,33 @@ func newNode(t *testing.T, o nodeOpts) *node {
 	return n
 }
 
+// made records the namespaces and interfaces each test created, so the
+// nothing-left check looks only at its own (other tests on the machine may
+// use the same prefixes at the same time).
+var made sync.Map // *testing.T -> *madeBy
+
+type madeBy struct {
+	mu     sync.Mutex
+	netns  []string
+	ifaces []string
+}
+
+func track(t *testing.T) *madeBy {
+	m, _ := made.LoadOrStore(t, &madeBy{})
+	return m.(*madeBy)
+}
+
+func (m *madeBy) add(ns, iface string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ns != "" {
+		m.netns = append(m.netns, ns)
+	}
+	if iface != "" {
+		m.ifaces = append(m.ifaces, iface)
+	}
+}
+
 // pod is a test pod: a cgroup under the test's subtree and a network
 // namespace joined to the host by a veth pair.
 type pod struct {
@@ -163,6 +191,7 @@ func makePod(t *testing.T, top, name string, o podOpts) *pod {
 	if err != nil {
 		t.Fatal(err)
 	}
+	track(t).add(p.nsName, "")
 	t.Cleanup(func() {
 		p.ns.Close()
 		if err := netns.DeleteNamed(p.nsName); err != nil {
@@ -193,6 +222,7 @@ func (p *pod) veth(t *testing.T) {
 	p.pod6 = netip.MustParseAddr(fmt.Sprintf("fd00:%x:%x::2", b[0], b[1]))
 	p.hostIf = "egt" + randHex(4)
 	peer := "egp" + randHex(4)
+	track(t).add("", p.hostIf)
 	la := netlink.NewLinkAttrs()
 	la.Name = p.hostIf
 	veth := &netlink.Veth{LinkAttrs: la, PeerName: peer}
@@ -351,17 +381,18 @@ func assertNothingLeft(t *testing.T, name string, progs []uint32) {
 			t.Errorf("left behind: %s (%v)", p, err)
 		}
 	}
-	if ents, err := os.ReadDir(netns.Dir); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), Prefix) {
-				t.Errorf("left behind: namespace %s/%s", netns.Dir, e.Name())
-			}
+	m := track(t)
+	m.mu.Lock()
+	nss, ifs := append([]string(nil), m.netns...), append([]string(nil), m.ifaces...)
+	m.mu.Unlock()
+	for _, ns := range nss {
+		if _, err := os.Stat(filepath.Join(netns.Dir, ns)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("left behind: namespace %s/%s", netns.Dir, ns)
 		}
 	}
-	links, _ := netlink.LinkList()
-	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, "egt") || strings.HasPrefix(l.Attrs().Name, "egp") {
-			t.Errorf("left behind: interface %s", l.Attrs().Name)
+	for _, name := range ifs {
+		if _, err := netlink.LinkByName(name); err == nil {
+			t.Errorf("left behind: interface %s", name)
 		}
 	}
 	// Rules the tests add carry a comment with Prefix; they live in the
