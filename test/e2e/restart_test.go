@@ -5,6 +5,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,6 +120,16 @@ func (ap *agentProc) waitRunning(t *testing.T, pod string) time.Duration {
 	return 0
 }
 
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
 func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	testenv.RequireRoot(t)
 	name := Prefix + randHex(4)
@@ -183,7 +196,8 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 
 	time.Sleep(1200 * time.Millisecond)
 	tRestart := time.Since(t0)
-	a2 := startAgent(t, args("--cleanup")...)
+	metricsAddr := freeLoopbackAddr(t)
+	a2 := startAgent(t, args("--cleanup", "--metrics", metricsAddr)...)
 	ready := a2.waitRunning(t, "web")
 	tReady := time.Since(t0)
 
@@ -276,9 +290,38 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	}
 	t.Logf("connection opened while the agent was down (%s) reused after the restart: status %d, reused %v",
 		kaFirst.Local, kaSecond.Status, kaSecond.Reused)
-	if r := p.curl(t, url(up, "/")); r.Headers.Get("Egret-Request-Id") == "" {
-		t.Fatalf("not redirected after the restart")
+	r := p.curl(t, "-H", "Ledger-Id: after-restart", "-H", "Ledger-Fault: 503; times=1", url(up, "/"))
+	id := r.Headers.Get("Egret-Request-Id")
+	if id == "" || attempts(r) != 2 {
+		t.Fatalf("not redirected (and retried) after the restart: %+v", r)
 	}
+	// The agent's admin API explains it, and its metrics count the pod.
+	var tv agent.TraceView
+	for range 100 {
+		resp, err := agent.AdminClient(a2.admin).Get("http://egret/explain/" + id)
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&tv)
+			resp.Body.Close()
+		}
+		if err == nil && len(tv.Attempts) == 2 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(tv.Attempts) != 2 || tv.Attempts[0].Status != 503 || tv.Attempts[0].Decision != "retry" || tv.Attempts[1].Status != 200 {
+		t.Fatalf("explain %s: %+v", id, tv)
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(mb), `egret_agent_pods{state="running"} 1`) {
+		t.Errorf("metrics lack the running pod:\n%s", mb)
+	}
+	t.Logf("explain %s over the admin socket: attempt 1 %d %s/%s, attempt 2 %d", id, tv.Attempts[0].Status,
+		tv.Attempts[0].Decision, tv.Attempts[0].Reason, tv.Attempts[1].Status)
 	if !strings.Contains(a2.log.String(), "adopted_pods=1") {
 		t.Errorf("second agent did not adopt the pinned pod:\n%s", a2.log.String())
 	}
