@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -106,7 +107,8 @@ func runRun(c *cli.Context) error {
 		pol = proxy.StaticPolicy{P: p}
 	}
 
-	r := &runEnv{name: "egret-run-" + randSuffix(), log: log}
+	collectStaleRuns(log)
+	r := &runEnv{name: runPrefix + randSuffix(), log: log}
 	defer r.cleanup()
 	if err := r.setup(mode); err != nil {
 		return cli.Exit(err.Error(), 1)
@@ -336,4 +338,53 @@ func (h levelHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h levelHandler) WithGroup(name string) slog.Handler {
 	return levelHandler{h.min, h.Handler.WithGroup(name)}
+}
+
+const runPrefix = "egret-run-"
+
+// collectStaleRuns removes what an `egret run` killed without cleaning up
+// (SIGKILL) left: its pinned eBPF state (whose pinned links would keep its
+// command's cgroup attached), its namespace and veth, its cgroups and
+// whatever still runs in them. A run is stale when no process is left in
+// its egret cgroup (the egret run process itself lives there).
+func collectStaleRuns(log *slog.Logger) {
+	names := map[string]bool{}
+	for _, d := range []string{bpfload.CgroupRoot, bpfload.BPFFSRoot, netns.Dir} {
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), runPrefix) {
+				names[e.Name()] = true
+			}
+		}
+	}
+	for name := range names {
+		top := filepath.Join(bpfload.CgroupRoot, name)
+		if fi, err := os.Stat(top); err == nil && time.Since(fi.ModTime()) < 30*time.Second {
+			continue // maybe a run that is just starting
+		}
+		if procs, err := os.ReadFile(filepath.Join(top, "egret", "cgroup.procs")); err == nil && len(strings.TrimSpace(string(procs))) > 0 {
+			continue // alive
+		}
+		if _, err := os.Stat(filepath.Join(top, "egret")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		r := &runEnv{name: name, log: log, top: top, selfCg: filepath.Join(top, "egret"), cmdCg: filepath.Join(top, "cmd")}
+		if _, err := os.Stat(top); err != nil {
+			r.top = ""
+		}
+		pin := filepath.Join(bpfload.BPFFSRoot, name)
+		if _, err := os.Stat(pin); err == nil {
+			if l, err := bpfload.Load(bpfload.Options{PinDir: pin}); err == nil {
+				r.loader = l
+			} else {
+				log.Warn("stale egret run: cannot adopt its eBPF state", "pin_dir", pin, "err", err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(netns.Dir, name)); err == nil {
+			r.newNs = true
+		}
+		r.hostIf = "egr" + name[len(name)-8:]
+		r.cleanup()
+		log.Info("removed what an earlier egret run left", "name", name)
+	}
 }

@@ -7,9 +7,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -159,4 +161,61 @@ func nothingLeftByRun(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestEgretRunCollectsWhatAKilledRunLeft: an `egret run` killed with
+// SIGKILL cannot clean up (its command keeps running, its pinned links
+// keep its cgroup attached); the next `egret run` removes all of it.
+func TestEgretRunCollectsWhatAKilledRunLeft(t *testing.T) {
+	testenv.RequireRoot(t)
+	nothingLeftByRun(t)
+	bin := egretBinary(t)
+	before := runLeftovers()
+	victim := exec.Command(bin, "run", "-q", "--netns", "new", "--", "sleep", "300")
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	for range 500 {
+		for x := range runLeftovers() {
+			if !before[x] && strings.HasPrefix(x, "/sys/fs/bpf/egret-run-") {
+				name = strings.TrimPrefix(x, "/sys/fs/bpf/")
+			}
+		}
+		if name != "" {
+			if _, err := os.Stat("/run/netns/" + name); err == nil {
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if name == "" {
+		t.Fatal("egret run did not start")
+	}
+	time.Sleep(200 * time.Millisecond) // the command is running
+	victim.Process.Kill()
+	victim.Wait()
+	top := filepath.Join("/sys/fs/cgroup/unified", name)
+	procs, _ := os.ReadFile(filepath.Join(top, "cmd", "cgroup.procs"))
+	if len(strings.TrimSpace(string(procs))) == 0 {
+		t.Fatal("the killed run's command is not running")
+	}
+	// Age it past the grace given to runs that are starting.
+	old := time.Now().Add(-time.Minute)
+	if err := os.Chtimes(top, old, old); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "run", "--", "true").CombinedOutput()
+	if err != nil {
+		t.Fatalf("egret run: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "removed what an earlier egret run left") {
+		t.Fatalf("not collected:\n%s", out)
+	}
+	for x := range runLeftovers() {
+		if strings.Contains(x, name) || strings.Contains(x, "egr"+name[len(name)-8:]) {
+			t.Errorf("still there: %s", x)
+		}
+	}
+	t.Logf("a SIGKILLed egret run (%s: pins, cgroups with its command, namespace, veth) was removed by the next one", name)
 }
