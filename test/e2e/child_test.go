@@ -74,6 +74,22 @@ func child(mode string) int {
 	switch mode {
 	case "bench":
 		return benchChild()
+	case "echo":
+		// A non-HTTP client: a line out, a line back.
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(req.URL, "tcp://"), 5*time.Second)
+		if err != nil {
+			_ = enc.Encode(response{Err: err.Error()})
+			return 0
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "%s\n", req.Body)
+		line, err := bufio.NewReader(c).ReadString('\n')
+		r := response{Body: line, Local: c.LocalAddr().String()}
+		if err != nil {
+			r.Err = err.Error()
+		}
+		_ = enc.Encode(r)
 	case "get":
 		tr := &http.Transport{DisableKeepAlives: true}
 		_ = enc.Encode(do(&http.Client{Transport: tr, Timeout: 20 * time.Second}, req))

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -161,4 +162,47 @@ func waitGone(t *testing.T, n *node, name string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestNonHTTPPassesThrough: a pod's non-HTTP connection (here a line
+// protocol) is redirected like any other and passed through untouched.
+func TestNonHTTPPassesThrough(t *testing.T) {
+	n := newNode(t, nodeOpts{})
+	p := n.addPod(t, "web", podOpts{})
+	ln, err := net.Listen("tcp", net.JoinHostPort(p.host4.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	peers := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		peers <- c.RemoteAddr().String()
+		buf := make([]byte, 256)
+		k, _ := c.Read(buf)
+		c.Write([]byte("echo: " + string(buf[:k])))
+	}()
+	echo := ln.Addr().(*net.TCPAddr).AddrPort()
+	out, err := p.run(t, p.childCmd(t, "echo", request{URL: "tcp://" + echo.String(), Body: "not http at all"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r response
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	peer := <-peers
+	if r.Err != "" || r.Body != "echo: not http at all\n" {
+		t.Fatalf("echo through egret: %+v", r)
+	}
+	// Redirected: the client was connected to egret's listener on the
+	// pod's loopback, and the server saw egret's dial from the pod.
+	if !strings.HasPrefix(r.Local, "127.0.0.1:") || !strings.HasPrefix(peer, p.pod4.String()+":") {
+		t.Fatalf("client local %s, server saw %s", r.Local, peer)
+	}
+	t.Logf("non-HTTP line protocol passed through egret: client %s -> egret -> server saw %s", r.Local, peer)
 }
