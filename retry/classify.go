@@ -36,6 +36,7 @@ type attemptTrace struct {
 	tlsStart, tlsDone         bool
 	tlsErr                    error
 	gotConns                  int
+	hidden                    int // connections switched to after a write on the previous one
 	conn                      net.Conn
 	wroteHeaders              bool
 	wroteRequest              bool
@@ -83,6 +84,10 @@ func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
 func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.gotConns > 0 && (a.wroteHeaders || a.wroteRequest) {
+		// Something of the request went to the previous connection.
+		a.hidden++
+	}
 	a.gotConns++
 	a.conn = info.Conn
 	a.wroteHeaders, a.wroteRequest, a.writeErr, a.firstByte = false, false, nil, false
@@ -183,7 +188,9 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 	if errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream {
 		return engine.RefusedStream, StageHeaders
 	}
-	if isH2RefusedGoAway(err) {
+	if isH2RefusedGoAway(err) || isH2Unusable(err) {
+		// Above a GOAWAY's last stream, or on connections that would
+		// open no new stream: the server never saw it.
 		return engine.RefusedStream, StageHeaders
 	}
 	if a.gotConns == 0 {

@@ -343,10 +343,10 @@ var errH1 = errors.New("egret: upstream negotiated http/1.1")
 
 func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
 	h2req := req
-	if _, ok := req.Body.(emptyBody); ok {
+	if isEmptyBodyMarked(req) {
 		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
 		r := *req
-		r.Body = nil
+		r.Body, r.TransferEncoding = nil, nil
 		h2req = &r
 	}
 	ctx := req.Context()

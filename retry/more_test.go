@@ -333,26 +333,40 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 	return sum
 }
 
-// TestNonIdempotentGETWireFormat: the body that stops net/http's own replay
-// of a non-idempotent GET must not change what goes on the wire.
-func TestNonIdempotentGETWireFormat(t *testing.T) {
+// TestBodylessWireFormat: the body that stops net/http's own replays must
+// not change what goes on the wire, nor cost the connection's reuse.
+func TestBodylessWireFormat(t *testing.T) {
 	type seen struct {
-		te []string
-		cl int64
+		method string
+		te     []string
+		cl     int64
+		remote string
 	}
-	got := make(chan seen, 1)
+	got := make(chan seen, 8)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- seen{r.TransferEncoding, r.ContentLength}
+		got <- seen{r.Method, r.TransferEncoding, r.ContentLength, r.RemoteAddr}
 	}))
 	defer srv.Close()
-	tr, _, _ := testTransport(t, func(p *Policy) { p.Idempotency = engine.Idempotency{RouteSet: true, Route: false} })
-	resp, err := tr.RoundTrip(get(t, srv.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if s := <-got; len(s.te) != 0 || s.cl != 0 {
-		t.Fatalf("GET went out with transfer-encoding %v content-length %d", s.te, s.cl)
+	for _, idem := range []engine.Idempotency{{}, {RouteSet: true, Route: false}} {
+		tr, _, _ := testTransport(t, func(p *Policy) { p.Idempotency = idem })
+		remotes := map[string]bool{}
+		for _, m := range []string{"GET", "HEAD", "OPTIONS", "DELETE", "GET"} {
+			req, _ := http.NewRequest(m, srv.URL, nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			s := <-got
+			if s.method != m || len(s.te) != 0 || s.cl != 0 {
+				t.Fatalf("%s went out as %s with transfer-encoding %v content-length %d", m, s.method, s.te, s.cl)
+			}
+			remotes[s.remote] = true
+		}
+		if len(remotes) != 1 {
+			t.Fatalf("%d connections for 5 keep-alive requests", len(remotes))
+		}
 	}
 }
 

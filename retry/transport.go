@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,16 +31,19 @@ const DefaultKeepBody = 64 << 10
 // Truthfulness against hidden retries: net/http's Transport replays a
 // request by itself on a new connection when a pooled one turns out dead
 // (nothing written; or, for GET/HEAD/OPTIONS/TRACE and requests carrying
-// an Idempotency-Key, the server closed it before answering), and
+// an Idempotency-Key, the server closed or reset it before answering),
+// again and again while it finds pooled connections, outside the budget
+// and max_attempts, and whatever the policy says of idempotency; and
 // x/net/http2's pool replays refused streams and GOAWAYs up to six times.
 // Transport therefore sends every attempt with GetBody unset (net/http
 // cannot replay a body it cannot rewind), gives a body-less request that
-// the policy calls non-idempotent an empty non-NoBody body (net/http then
-// treats it as not replayable), and NewHTTPTransport runs HTTP/2 on its own
-// pool that calls ClientConn.RoundTrip directly. What remains (a body-less
-// idempotent request replayed on a fresh connection, or one that wrote
-// nothing) is allowed by the spec anyway; it is counted in
-// Attempt.HiddenRetries and never lets the attempt claim not_sent.
+// net/http would replay an empty body it cannot rewind either (with
+// Transfer-Encoding "identity", so the wire is unchanged), and
+// NewHTTPTransport runs HTTP/2 on its own pool that calls
+// ClientConn.RoundTrip directly. What remains (a body-less POST, PUT or
+// PATCH that net/http moves to another connection after writing nothing
+// on the first) is counted in Attempt.HiddenRetries once something was
+// written, and an attempt that moved never claims not_sent.
 //
 // Responses: before a response is returned its first body chunk is read
 // (bounded by the request's deadline, not by AttemptTimeout, which stops at
@@ -341,13 +345,20 @@ func (r *run) refresh() error {
 	return r.pol.Refresh(r.ctx, r.work)
 }
 
-// emptyBody is a body with no bytes that net/http cannot rewind: it keeps
-// net/http from replaying a body-less request the policy calls
-// non-idempotent.
-type emptyBody struct{}
+// newEmptyBody returns a body with no bytes that net/http cannot rewind: it
+// keeps net/http from replaying a body-less request by itself. It is an
+// in-memory reader net/http knows, so the headers are not flushed on their
+// own.
+func newEmptyBody() io.ReadCloser { return io.NopCloser(strings.NewReader("")) }
 
-func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
-func (emptyBody) Close() error             { return nil }
+// identity is the Transfer-Encoding that goes with newEmptyBody: no
+// chunked framing and no probe of the body; nothing of it reaches the wire.
+var identity = []string{"identity"}
+
+// isEmptyBodyMarked reports a request that carries newEmptyBody.
+func isEmptyBodyMarked(req *http.Request) bool {
+	return req.ContentLength == 0 && len(req.TransferEncoding) == 1 && req.TransferEncoding[0] == "identity"
+}
 
 // netHTTPReplays reports whether net/http would replay this body-less
 // request on its own after a dead pooled connection.
@@ -443,8 +454,13 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 	areq.Body = body
 	if r.kind == engine.BodyNone {
 		areq.Body, areq.ContentLength = nil, 0
-		if !r.idempotent && netHTTPReplays(areq) {
-			areq.Body = emptyBody{}
+		if netHTTPReplays(areq) {
+			// net/http would replay it on its own after a dead pooled
+			// connection, as often as it finds one, outside the budget
+			// and max_attempts: an empty body it cannot rewind stops
+			// that; "identity" keeps the wire as it was (no chunked
+			// framing, no probe of the body).
+			areq.Body, areq.TransferEncoding = newEmptyBody(), identity
 		}
 	}
 	resp, err := t.base.RoundTrip(areq)
@@ -454,7 +470,7 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 		resp, err = nil, context.Cause(actx)
 	}
 	at.mu.Lock()
-	rec.HiddenRetries = max(0, at.gotConns-1)
+	rec.HiddenRetries = at.hidden
 	at.mu.Unlock()
 	if err != nil {
 		timedOut := fired || timer.hasFired() || errors.Is(r.ctx.Err(), context.DeadlineExceeded)
@@ -501,9 +517,9 @@ func (r *run) witness(at *attemptTrace, rec *Attempt) {
 		return
 	}
 	at.mu.Lock()
-	before, hasBefore, conns, mayHaveSentEarlier := at.before, at.hasBefore, at.gotConns, at.gotConns > 1
+	before, hasBefore, movedAfterWrite := at.before, at.hasBefore, at.hidden > 0
 	at.mu.Unlock()
-	if !hasBefore || conns != 1 || mayHaveSentEarlier {
+	if !hasBefore || movedAfterWrite {
 		return
 	}
 	after, ok := at.after()

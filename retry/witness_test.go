@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httptrace"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -230,7 +231,10 @@ func TestNoHiddenRetryOfNonIdempotentGET(t *testing.T) {
 	}
 }
 
-func TestHiddenRetryOfIdempotentGETIsCounted(t *testing.T) {
+// TestIdempotentGETOnDeadConnIsAnAttempt: net/http would replay the GET by
+// itself on the dead pooled connection; it is the engine's retry instead,
+// counted, under the budget and max_attempts.
+func TestIdempotentGETOnDeadConnIsAnAttempt(t *testing.T) {
 	var executed atomic.Int64
 	srv := staleAfterFirst(t, &executed)
 	tr, _, _ := testTransport(t, nil)
@@ -243,13 +247,60 @@ func TestHiddenRetryOfIdempotentGETIsCounted(t *testing.T) {
 		resp.Body.Close()
 		if i == 1 {
 			trc, _ := TraceOf(resp)
-			if len(trc.Attempts) != 1 || trc.Attempts[0].HiddenRetries != 1 {
+			if len(trc.Attempts) != 2 || trc.Attempts[0].HiddenRetries != 0 || trc.Attempts[0].Failure != engine.ConnectionReset {
 				t.Fatalf("attempts %+v", trc.Attempts)
 			}
 		}
 	}
 	if executed.Load() != 3 || srv.conns.Load() != 2 {
 		t.Fatalf("executed %d conns %d", executed.Load(), srv.conns.Load())
+	}
+}
+
+// TestNoHiddenRetriesBeyondMaxAttempts: an upstream that resets every
+// request after reading it, behind many pooled connections. net/http alone
+// would replay a GET on each of them; the upstream must see max_attempts.
+func TestNoHiddenRetriesBeyondMaxAttempts(t *testing.T) {
+	var executed atomic.Int64
+	var warm atomic.Bool
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		br := bufio.NewReader(c)
+		for {
+			if _, _, err := readReq(br); err != nil {
+				return
+			}
+			if !warm.Load() {
+				time.Sleep(20 * time.Millisecond) // keep the warm-up requests concurrent
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				continue
+			}
+			executed.Add(1)
+			reset(c)
+			return
+		}
+	})
+	tr, _, _ := testTransport(t, nil)
+	// Warm up: ten pooled connections.
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, err := tr.RoundTrip(get(t, srv.url())); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	warm.Store(true)
+	_, err := tr.RoundTrip(get(t, srv.url()))
+	var e *Error
+	if !errors.As(err, &e) || e.Outcome != engine.OutcomeFailed {
+		t.Fatalf("err %v", err)
+	}
+	if executed.Load() != 3 || e.Attempts != 3 {
+		t.Fatalf("upstream executed %d times in %d attempts (max_attempts 3)", executed.Load(), e.Attempts)
 	}
 }
 
