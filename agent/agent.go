@@ -87,6 +87,10 @@ type Config struct {
 	// ends. Off on a node: the pinned state stays so that a restarted
 	// agent adopts it (and pods fail open meanwhile).
 	CleanupOnExit bool
+	// Settle is how long a stopping pod's listeners keep accepting after
+	// the kernel stopped redirecting to them, so that connects redirected
+	// just before are served rather than reset (default 50 ms).
+	Settle time.Duration
 	// RetryInterval: how often a pod that failed to start is tried again
 	// (default 2 s).
 	RetryInterval time.Duration
@@ -141,6 +145,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 5 * time.Second
+	}
+	if cfg.Settle <= 0 {
+		cfg.Settle = 50 * time.Millisecond
 	}
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = 2 * time.Second
@@ -304,12 +311,16 @@ func (a *Agent) startPod(p pods.Pod) {
 func (a *Agent) remove(name string) {
 	a.mu.Lock()
 	ps := a.pods[name]
-	delete(a.pods, name)
 	a.mu.Unlock()
 	if ps != nil {
 		a.stopPod(ps, true)
 		a.log.Info("pod removed", "pod", name)
 	}
+	a.mu.Lock()
+	if a.pods[name] == ps {
+		delete(a.pods, name)
+	}
+	a.mu.Unlock()
 }
 
 // stopPod detaches the pod and closes its listeners now; its in-flight

@@ -144,15 +144,29 @@ func (ps *podState) update(a *Agent, p pods.Pod) error {
 	return nil
 }
 
-// stop detaches the pod (when detach is set) and closes its listeners at
-// once, so the pod's connects go direct and its port is free again; it
-// returns drain, which lets in-flight requests finish (up to the grace
-// period) and releases the rest. drain may run in the background.
+// stop stops the kernel redirecting the pod's new connects — by detaching
+// it (detach set), or else by clearing its listeners from its config, so
+// that the pinned links stay for the next agent — then, after Settle (for
+// connects redirected just before to be accepted rather than reset),
+// closes its listeners, so its port is free again. It returns drain,
+// which lets in-flight requests finish (up to the grace period) and
+// releases the rest; drain may run in the background.
 func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) {
-	if detach && ps.cgid != 0 {
+	switch {
+	case ps.cgid == 0:
+	case detach:
 		if derr := a.cfg.Attacher.DetachPodID(ps.cgid); derr != nil && !errors.Is(derr, os.ErrNotExist) {
 			err = fmt.Errorf("detach: %w", derr)
 		}
+	default:
+		cfg := ps.kernelConfig(ps.pod)
+		cfg.Listen4, cfg.Listen6 = netip.AddrPort{}, netip.AddrPort{}
+		if _, derr := a.cfg.Attacher.AttachPod(ps.pod.Cgroup, cfg); derr != nil {
+			err = fmt.Errorf("stop redirecting: %w", derr)
+		}
+	}
+	if len(ps.lns) > 0 && ps.cgid != 0 {
+		time.Sleep(a.cfg.Settle)
 	}
 	for _, l := range ps.lns {
 		l.Close()
