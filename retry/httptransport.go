@@ -243,6 +243,9 @@ func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, proto
 		host, _, _ := net.SplitHostPort(addr)
 		cfg.ServerName = host
 	}
+	if wc := witnessConnOf(raw); wc != nil {
+		wc.tls = true
+	}
 	tc := tls.Client(raw, cfg)
 	trace := httptrace.ContextClientTrace(ctx)
 	if trace != nil && trace.TLSHandshakeStart != nil {

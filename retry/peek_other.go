@@ -4,5 +4,5 @@ package retry
 
 import "syscall"
 
-// peerClosed cannot tell outside Linux: it says no.
-func peerClosed(syscall.RawConn) bool { return false }
+// peerState cannot tell outside Linux: it says nothing happened.
+func peerState(syscall.RawConn) (fin, pending bool) { return false, false }

@@ -34,12 +34,31 @@ func TestPeerClosed(t *testing.T) {
 	defer c.Close()
 	peer := <-accepted
 	wc := newWitnessConn(c)
-	if peerClosed(wc.raw) || wc.refuseIfStale() {
+	if fin, pending := peerState(wc.raw); fin || pending || wc.refuseIfStale() {
 		t.Fatal("a live idle connection looks closed")
+	}
+	peer.Write([]byte("HTTP/1.1 408 Request Timeout\r\n\r\n"))
+	wc.tls = true // bytes on a TLS connection may be a session ticket; on plain HTTP/1.1 they are an unsolicited answer
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, pending := peerState(wc.raw); pending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pending bytes never seen")
+		}
+	}
+	if wc.refuseIfStale() {
+		t.Fatal("refused a TLS connection for pending bytes")
+	}
+	if !newWitnessConn(c).refuseIfStale() {
+		t.Fatal("an unsolicited answer on an idle plain connection was not refused")
+	}
+	if _, err := io.ReadFull(c, make([]byte, len("HTTP/1.1 408 Request Timeout\r\n\r\n"))); err != nil {
+		t.Fatal(err)
 	}
 	peer.Close()
 	deadline := time.Now().Add(2 * time.Second)
-	for !peerClosed(wc.raw) {
+	for fin, _ := peerState(wc.raw); !fin; fin, _ = peerState(wc.raw) {
 		if time.Now().After(deadline) {
 			t.Fatal("the peer's close was never seen")
 		}

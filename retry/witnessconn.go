@@ -29,8 +29,9 @@ type witnessConn struct {
 	net.Conn
 	raw syscall.RawConn
 	// shared: the connection multiplexes requests (HTTP/2); a retry
-	// Transport must not freeze it for one stream.
+	// Transport must not freeze it for one stream. tls: it carries TLS.
 	shared bool
+	tls    bool
 
 	mu       sync.Mutex
 	w        witness.Witness
@@ -149,8 +150,16 @@ var errStale = errors.New("egret: pooled connection closed by the upstream befor
 // already, before a byte of the next request is written on it: the
 // attempt then fails with evidence the witness can prove (nothing left).
 // It reports whether it did.
+//
+// Bytes waiting on an idle plain HTTP/1.1 connection are an unsolicited
+// answer (net/http drops such a connection anyway); under TLS they may be
+// a session ticket, so only an end of stream counts there.
 func (c *witnessConn) refuseIfStale() bool {
-	if c.raw == nil || !peerClosed(c.raw) {
+	if c.raw == nil {
+		return false
+	}
+	fin, pending := peerState(c.raw)
+	if !fin && (!pending || c.tls) {
 		return false
 	}
 	c.freezeWith(errStale)
