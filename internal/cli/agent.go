@@ -38,7 +38,7 @@ func agentCommand() *cli.Command {
 			"finish within --grace, and the pinned eBPF state stays for the next agent to adopt\n" +
 			"(--cleanup removes it instead). If the agent dies, pods fail open the same way.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "pods", Required: true, Usage: "pods `FILE` (YAML; see agent/pods/README.md)"},
+			&cli.StringFlag{Name: "pods", Usage: "pods `FILE` (YAML; see agent/pods/README.md); required"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` for every pod (watched; default: the embedded defaults)"},
 			&cli.StringFlag{Name: "pin-dir", Value: bpfload.DefaultPinDir, Usage: "bpffs `DIR` for egret's maps and links"},
 			&cli.UintFlag{Name: "listen-port", Value: agent.DefaultListenPort, Usage: "`PORT` of each pod's listeners on 127.0.0.1 and ::1 in its namespace"},
@@ -49,7 +49,8 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
 		},
-		Action: runAgent,
+		Action:      runAgent,
+		Subcommands: adminCommands(),
 	}
 }
 
@@ -77,7 +78,10 @@ func kernelError(err error) error {
 
 func runAgent(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit("agent takes no arguments", 2)
+		return cli.Exit(fmt.Sprintf("agent: unknown subcommand %q (status, pods, upstreams, explain)", c.Args().First()), 2)
+	}
+	if c.String("pods") == "" {
+		return cli.Exit("agent needs --pods FILE", 2)
 	}
 	log, err := newLogger(c)
 	if err != nil {

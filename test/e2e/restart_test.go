@@ -322,6 +322,16 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	}
 	t.Logf("explain %s over the admin socket: attempt 1 %d %s/%s, attempt 2 %d", id, tv.Attempts[0].Status,
 		tv.Attempts[0].Decision, tv.Attempts[0].Reason, tv.Attempts[1].Status)
+	// The same through the command line.
+	out, err := exec.Command(egretBinary(t), "agent", "explain", "--admin", a2.admin, id).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "attempt 2: status 200") {
+		t.Fatalf("egret agent explain: %v\n%s", err, out)
+	}
+	t.Logf("$ egret agent explain %s\n%s", id, out)
+	out, err = exec.Command(egretBinary(t), "agent", "pods", "--admin", a2.admin).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"state": "running"`) {
+		t.Fatalf("egret agent pods: %v\n%s", err, out)
+	}
 	if !strings.Contains(a2.log.String(), "adopted_pods=1") {
 		t.Errorf("second agent did not adopt the pinned pod:\n%s", a2.log.String())
 	}
