@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,10 +44,39 @@ func TestPodsComeAndGo(t *testing.T) {
 	if st2 := n.waitPod(t, "web", "running"); st2.Since != st.Since {
 		t.Fatalf("an exclusion change restarted the pod")
 	}
+	// An excluded CIDR goes direct too.
+	if err := n.src.Put(pods.Pod{Name: "web", Cgroup: p.cgroup, Netns: p.ns.Path(),
+		Exclude: pods.Exclusions{CIDRs: []netip.Prefix{netip.PrefixFrom(p.host4, 32)}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !viaEgret(t, p, url(up, "/")) })
 	if err := n.src.Put(pods.Pod{Name: "web", Cgroup: p.cgroup, Netns: p.ns.Path()}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return viaEgret(t, p, url(up, "/")) })
+
+	// A process in a container cgroup below the pod's is redirected too.
+	ctr := filepath.Join(p.cgroup, "container")
+	if err := os.Mkdir(ctr, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cf, err := os.Open(ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := p.command("curl", "-sS", "-i", url(up, "/"))
+	cmd.SysProcAttr.CgroupFD = int(cf.Fd())
+	out, err := p.run(t, cmd)
+	cf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := parseHTTP(t, out); r.Headers.Get("Egret-Request-Id") == "" {
+		t.Fatal("a container below the pod's cgroup was not redirected")
+	}
+	if err := os.Remove(ctr); err != nil {
+		t.Fatal(err)
+	}
 
 	// The pod goes: links, map entries and listener go with it.
 	if err := n.src.Remove("web"); err != nil {
@@ -104,7 +134,7 @@ func TestPodsComeAndGo(t *testing.T) {
 	if !viaEgret(t, p, url(up, "/")) {
 		t.Fatal("not redirected after the pod came back")
 	}
-	t.Logf("pod updated in place, removed (links, egret_pods entry, tuples, listener gone; connects direct), re-added (redirected)")
+	t.Logf("excluded port and CIDR went direct; a container cgroup below the pod was redirected; pod updated in place, removed (links, egret_pods entry, tuples, listener gone; connects direct), re-added (redirected)")
 }
 
 func waitFor(t *testing.T, cond func() bool) {
