@@ -37,9 +37,11 @@ func agentCommand() *cli.Command {
 			"pod's cgroup so that its outbound TCP connects go to that listener. The pods file\n" +
 			"is reloaded on change. Needs root and a kernel with cgroup v2, BTF and the eBPF\n" +
 			"program types named in errors.\n\n" +
-			"SIGTERM or SIGINT: listeners close (pods' connects go direct), in-flight requests\n" +
-			"finish within --grace, and the pinned eBPF state stays for the next agent to adopt\n" +
-			"(--cleanup removes it instead). If the agent dies, pods fail open the same way.",
+			"SIGTERM or SIGINT: the kernel stops redirecting the pods (their connects go direct),\n" +
+			"the listeners close, in-flight requests finish within --grace, and the pinned eBPF\n" +
+			"state stays for the next agent to adopt (--cleanup removes it instead). If the agent\n" +
+			"dies, its listeners die with it and pods fail open the same way.\n\n" +
+			"Subcommands ask a running agent over its admin socket.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "pods", Usage: "pods `FILE` (YAML; see agent/pods/README.md); required"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` for every pod (watched; default: the embedded defaults)"},
