@@ -512,3 +512,34 @@ func TestUpgradeKeepsConnectionWritable(t *testing.T) {
 		t.Fatal("no trace")
 	}
 }
+
+// TestBudgetIsSharedAcrossTransports: two Transports (two pods' proxies on
+// one node) with one Budgets registry retry within one budget.
+func TestBudgetIsSharedAcrossTransports(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(503)
+	}))
+	defer srv.Close()
+	cfg := engine.BudgetConfig{Ratio: 0.1, MinPerSecond: 0.5, TTL: 10 * time.Second}
+	shared := engine.NewBudgets()
+	var trs []*Transport
+	for range 2 {
+		tr, _, _ := testTransport(t, func(p *Policy) { p.Budget = cfg; p.Upstream = "api:80" })
+		tr.Budgets = shared
+		trs = append(trs, tr)
+	}
+	const originals = 100
+	for i := range originals {
+		resp, err := trs[i%2].RoundTrip(get(t, srv.URL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	retries := float64(hits.Load() - originals)
+	if bound := cfg.Ratio*originals + cfg.MinPerSecond*cfg.TTL.Seconds(); retries > bound || retries < 1 {
+		t.Fatalf("%v retries through two Transports, shared bound %v", retries, bound)
+	}
+}
