@@ -368,9 +368,10 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 	case errors.As(err, &ae):
 		status, outcome = ae.Status, engine.OutcomeAmbiguous
 	case errors.As(err, &re):
+		// A request_invalid attempt is not_sent too: the spec answers
+		// every not-sent outcome 503, a request the runner could not
+		// send included.
 		status, outcome = re.Status, re.Outcome
-	case errors.Is(err, retry.ErrRequestInvalid):
-		status, outcome = http.StatusBadRequest, engine.OutcomeNotSent
 	case errors.Is(err, context.Canceled):
 		outcome = engine.OutcomeFailed
 	}
