@@ -569,3 +569,23 @@ func TestH2Attribution(t *testing.T) {
 		t.Fatalf("bystander %+v", r)
 	}
 }
+
+func TestH1ExpectContinue(t *testing.T) {
+	s, addr := Start(t)
+	c, br := dial(t, addr)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "PUT /e HTTP/1.1\r\nHost: l\r\n%s: e\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n", HeaderID)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+		t.Fatalf("want 100 Continue before the body, got %q %v", line, err)
+	}
+	br.ReadString('\n')
+	io.WriteString(c, "hello")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	if r := s.Record("e"); len(r.Executions) != 1 || r.Executions[0].BodySize != 5 {
+		t.Fatalf("record %+v", r)
+	}
+}
