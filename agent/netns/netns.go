@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,6 +31,17 @@ var ErrNetns = errors.New("netns: cannot enter network namespace")
 type NS struct {
 	path string
 	f    *os.File // nil: the namespace the process started in
+
+	// A thread that stays in the namespace and makes sockets on request
+	// (started on first use): cheaper per upstream dial than entering the
+	// namespace each time.
+	once   sync.Once
+	ready4 chan sockRep
+	ready6 chan sockRep
+	quit   chan struct{}
+	wErr   error
+
+	closeOnce sync.Once
 }
 
 // Host returns the namespace the calling process is in; Do runs its
@@ -60,12 +72,21 @@ func (n *NS) Path() string { return n.path }
 // IsHost reports whether n is the agent's own namespace.
 func (n *NS) IsHost() bool { return n.f == nil }
 
-// Close releases the namespace.
+// Close releases the namespace (and stops its socket thread).
 func (n *NS) Close() error {
 	if n.f == nil {
 		return nil
 	}
-	return n.f.Close()
+	var err error
+	n.closeOnce.Do(func() {
+		// Stop the socket thread, or keep it from starting.
+		n.once.Do(func() { n.wErr = fmt.Errorf("%w %s: closed", ErrNetns, n.path) })
+		if n.quit != nil {
+			close(n.quit)
+		}
+		err = n.f.Close()
+	})
+	return err
 }
 
 // Inode returns the namespace's inode number (its identity in `ip netns
@@ -185,11 +206,12 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	var errs []error
 	for _, t := range targets {
 		var c net.Conn
-		err := d.NS.Do(func() error {
-			var err error
+		var err error
+		if d.NS.IsHost() {
 			c, err = nd.DialContext(ctx, network, t)
-			return err
-		})
+		} else {
+			c, err = d.dialInside(ctx, network, t)
+		}
 		if err == nil {
 			return c, nil
 		}

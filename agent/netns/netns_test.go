@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -18,7 +19,7 @@ import (
 	"github.com/egret-proxy/egret/internal/testenv"
 )
 
-func newNS(t *testing.T) *netns.NS {
+func newNS(t testing.TB) *netns.NS {
 	t.Helper()
 	testenv.RequireRoot(t)
 	b := make([]byte, 4)
@@ -102,5 +103,101 @@ func TestOpenRefusesNonNamespace(t *testing.T) {
 	}
 	if h, err := netns.Open(""); err != nil || !h.IsHost() {
 		t.Fatalf("empty path: %v %v", h, err)
+	}
+}
+
+// BenchmarkDial compares a dial from the agent's namespace with one made
+// inside another namespace (a goroutine locked to a thread, two setns).
+func BenchmarkDial(b *testing.B) {
+	testenv.RequireRoot(b)
+	for _, inside := range []bool{false, true} {
+		name := "host"
+		if inside {
+			name = "netns"
+		}
+		b.Run(name, func(b *testing.B) {
+			ns := netns.Host()
+			if inside {
+				ns = newNS(b)
+			}
+			ln, err := ns.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+			d := &netns.Dialer{NS: ns}
+			b.ResetTimer()
+			for range b.N {
+				c, err := d.DialContext(context.Background(), "tcp4", ln.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+			}
+		})
+	}
+}
+
+// Dial errors from inside look like the runtime's own: refused is
+// ECONNREFUSED, a timeout is a net.Error with Timeout(), a cancelled
+// context is the context's error.
+func TestDialErrorsInside(t *testing.T) {
+	ns := newNS(t)
+	d := &netns.Dialer{NS: ns, Timeout: 200 * time.Millisecond}
+	_, err := d.DialContext(context.Background(), "tcp", "127.0.0.1:1")
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("refused: %v", err)
+	}
+	// The namespace has only a loopback: add a route that leads nowhere
+	// so the SYN goes out and is never answered.
+	err = ns.Do(func() error {
+		return exec.Command("ip", "route", "add", "blackhole", "192.0.2.0/24").Run()
+	})
+	if err != nil {
+		t.Fatalf("ip route: %v", err)
+	}
+	// A blackhole route fails at once (EINVAL/unreachable); both must be
+	// errors, not hangs.
+	start := time.Now()
+	_, err = d.DialContext(context.Background(), "tcp", "192.0.2.1:80")
+	if err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("blackhole: %v after %v", err, time.Since(start))
+	}
+	// A listener that never accepts, with a full backlog, leaves the
+	// connect pending: the timeout and the context both end it.
+	ln, err := ns.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	var last error
+	for range 4096 {
+		c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
+		if err != nil {
+			last = err
+			break
+		}
+		conns = append(conns, c)
+	}
+	var ne net.Error
+	if last == nil || !(errors.As(last, &ne) && ne.Timeout() || errors.Is(last, context.DeadlineExceeded)) {
+		t.Fatalf("pending connect ended with %v", last)
 	}
 }
