@@ -2,18 +2,17 @@ package proxy
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/retry"
 )
 
-// Metrics are the proxy's Prometheus metrics. One Metrics is shared by all
-// the servers of a node (one per pod). A nil *Metrics records nothing.
+// Metrics are the proxy's Prometheus metrics: what only the proxy sees
+// (requests as answered, passthrough, tunnels, bulkhead rejections, client
+// connections). Attempts, engine decisions and witness upgrades are the
+// attempt runner's, counted by the retry.Metrics in Config.RetryMetrics
+// (egret_retry_...) for every user of retry.Transport. One Metrics is
+// shared by all the servers of a node (one per pod). A nil *Metrics
+// records nothing.
 type Metrics struct {
 	requests    *prometheus.CounterVec
-	attempts    prometheus.Counter
-	retries     *prometheus.CounterVec
-	upgrades    prometheus.Counter
 	passthrough *prometheus.CounterVec
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
@@ -34,18 +33,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "egret_proxy_requests_total",
 			Help: "Requests answered, by outcome: relayed, rejected, not-sent, failed, ambiguous.",
 		}, []string{"outcome"}),
-		attempts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "egret_proxy_attempts_total",
-			Help: "Upstream attempts made.",
-		}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "egret_proxy_retries_total",
-			Help: "Retries decided by the engine, by reason.",
-		}, []string{"reason"}),
-		upgrades: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "egret_proxy_witness_upgrades_total",
-			Help: "Attempts whose evidence the kernel witness upgraded from sent_no_response to not_sent.",
-		}),
 		passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egret_proxy_passthrough_connections_total",
 			Help: "Transparent connections passed through byte for byte, by detected protocol.",
@@ -64,8 +51,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.attempts, m.retries, m.upgrades,
-			m.passthrough, m.tunnels, m.rejections, m.conns} {
+		for _, c := range []prometheus.Collector{m.requests, m.passthrough, m.tunnels, m.rejections, m.conns} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -77,23 +63,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) request(outcome string) {
 	if m != nil {
 		m.requests.WithLabelValues(outcome).Inc()
-	}
-}
-
-// trace counts the attempts, retries and witness upgrades of one request.
-func (m *Metrics) trace(tr *retry.Trace) {
-	if m == nil || tr == nil {
-		return
-	}
-	m.attempts.Add(float64(len(tr.Attempts)))
-	for i := range tr.Attempts {
-		a := &tr.Attempts[i]
-		if a.Decision.Decision == engine.Retry {
-			m.retries.WithLabelValues(a.Decision.Reason.String()).Inc()
-		}
-		if a.Upgraded {
-			m.upgrades.Inc()
-		}
 	}
 }
 

@@ -80,7 +80,7 @@ func (baseRouter) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // newRunner builds the attempt runner: a retry.Transport whose hooks are
 // the server's (policy of the request's exchange, bulkhead, draining, trace
-// store and metrics).
+// store), counting into Config.RetryMetrics.
 func (s *Server) newRunner() http.RoundTripper {
 	return &retry.Transport{
 		Base:     baseRouter{},
@@ -103,10 +103,7 @@ func (s *Server) newRunner() http.RoundTripper {
 			}
 			return b.Acquire(ctx)
 		},
-		OnTrace: func(tr *retry.Trace) {
-			s.cfg.Metrics.trace(tr)
-			s.cfg.Traces.Put(tr)
-		},
+		OnTrace: s.cfg.Traces.Put,
 		Metrics: s.cfg.RetryMetrics,
 	}
 }

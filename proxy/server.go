@@ -93,8 +93,10 @@ type Config struct {
 	Budgets   *engine.Budgets
 	Bulkheads *Bulkheads
 	Traces    *Traces
-	Metrics   *Metrics
-	// RetryMetrics are the attempt runner's own (egret_retry_...).
+	// Metrics count what only the proxy sees (egret_proxy_...);
+	// RetryMetrics the attempt runner's attempts, decisions, outcomes and
+	// witness upgrades (egret_retry_...). Either may be nil.
+	Metrics      *Metrics
 	RetryMetrics *retry.Metrics
 	Logger       *slog.Logger
 

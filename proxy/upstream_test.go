@@ -14,7 +14,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/retry"
 )
 
 func TestTLSOrigination(t *testing.T) {
@@ -107,7 +110,12 @@ func TestMetricsCountOutcomes(t *testing.T) {
 			w.WriteHeader(503)
 		}
 	})
-	px := startProxy(t, Config{Metrics: m, Policy: mustPolicy(t, fastRetries)})
+	reg := prometheus.NewRegistry()
+	rm, err := retry.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, Config{Metrics: m, RetryMetrics: rm, Policy: mustPolicy(t, fastRetries)})
 	resp, err := px.client().Get(up.url("/"))
 	if err != nil {
 		t.Fatal(err)
@@ -122,8 +130,8 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	}{
 		{"requests{relayed}", counterValue(t, m.requests.WithLabelValues(labelRelayed)), 1},
 		{"requests{rejected}", counterValue(t, m.requests.WithLabelValues(labelRejected)), 1},
-		{"attempts", counterValue(t, m.attempts), 2},
-		{"retries{status}", counterValue(t, m.retries.WithLabelValues("status")), 1},
+		{"attempts", familySum(t, reg, "egret_retry_attempts_total"), 2},
+		{"retries{status}", familySum(t, reg, "egret_retry_decisions_total", "decision", "retry", "reason", "status"), 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)

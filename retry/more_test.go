@@ -310,7 +310,8 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// counterValue sums the counters of family name whose label has value.
+// counterValue sums the counters of family name whose label has value (all
+// of them when label is "").
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	fams, err := reg.Gather()
@@ -323,6 +324,9 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			if label == "" {
+				sum += m.GetCounter().GetValue()
+			}
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
 					sum += m.GetCounter().GetValue()

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/witness"
 )
@@ -91,7 +93,17 @@ func TestWitnessMemoryUpgradesOnlyWithProof(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := witness.NewMemory(tc.script...)
 			tr, srv, executed := resetBeforeWrite(t, mem)
+			reg := prometheus.NewRegistry()
+			m, err := NewMetrics(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.Metrics = m
 			resp, err := tr.RoundTrip(post(t, srv.url(), "pay"))
+			upgrades := counterValue(t, reg, "egret_retry_witness_upgrades_total", "", "")
+			if want := map[bool]float64{true: 1, false: 0}[tc.upgrade]; upgrades != want {
+				t.Fatalf("egret_retry_witness_upgrades_total = %v, want %v", upgrades, want)
+			}
 			if !tc.upgrade {
 				var a *AmbiguousError
 				if !errors.As(err, &a) {

@@ -100,9 +100,17 @@ func TestPromlintAllMetrics(t *testing.T) {
 	for _, mf := range mfs {
 		seen[mf.GetName()] = true
 	}
-	for _, want := range []string{"egret_proxy_requests_total", "egret_policy_reloads_total"} {
+	// The proxy counts requests as answered; the runner under it counts
+	// attempts and witness upgrades, each in one family only.
+	for _, want := range []string{"egret_proxy_requests_total", "egret_policy_reloads_total",
+		"egret_retry_attempts_total", "egret_retry_witness_upgrades_total"} {
 		if !seen[want] {
 			t.Errorf("family %s missing after traffic; have %v", want, seen)
+		}
+	}
+	for _, gone := range []string{"egret_proxy_attempts_total", "egret_proxy_retries_total", "egret_proxy_witness_upgrades_total"} {
+		if seen[gone] {
+			t.Errorf("family %s counts what egret_retry_... counts already", gone)
 		}
 	}
 	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
