@@ -19,7 +19,7 @@ import (
 
 // errAttemptTimeout is the cause of an attempt's context when its
 // per-attempt timeout fired.
-var errAttemptTimeout = errors.New("egret: attempt timeout")
+var errAttemptTimeout = errors.New("attempt timeout")
 
 // attemptTrace follows one attempt through httptrace. Its hooks may run on
 // net/http's goroutines, hence the lock.

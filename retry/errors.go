@@ -16,8 +16,10 @@ var (
 	// ErrFailed: the request may have reached the server, and retrying
 	// could not help.
 	ErrFailed = errors.New("egret: failed")
-	// ErrRequestInvalid: the request cannot be sent as it is.
-	ErrRequestInvalid = errors.New("egret: invalid request")
+	// ErrRequestInvalid: the request cannot be sent as it is. It is a
+	// cause inside an *Error, whose message already begins with "egret: ";
+	// like every cause this package makes, it has no prefix of its own.
+	ErrRequestInvalid = errors.New("invalid request")
 )
 
 // Error is a failure without a response to relay whose outcome is not-sent

@@ -65,7 +65,7 @@ type DialError struct {
 	Err  error
 }
 
-func (e *DialError) Error() string { return "egret: " + e.Op + " " + e.Addr + ": " + e.Err.Error() }
+func (e *DialError) Error() string { return e.Op + " " + e.Addr + ": " + e.Err.Error() }
 
 // Unwrap returns the cause.
 func (e *DialError) Unwrap() error { return e.Err }
@@ -152,7 +152,7 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 // RoundTrip runs one attempt. It never retries.
 func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL == nil {
-		return nil, errors.New("egret: request without URL")
+		return nil, errors.New("request without URL")
 	}
 	if t.h2 != nil {
 		addr := canonicalAddr(req.URL)
@@ -342,7 +342,7 @@ type h2Pool struct {
 }
 
 // errH1 says an https upstream chose http/1.1 by ALPN.
-var errH1 = errors.New("egret: upstream negotiated http/1.1")
+var errH1 = errors.New("upstream negotiated http/1.1")
 
 func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
 	h2req := req
@@ -422,7 +422,7 @@ func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool) (*h2Conn, bo
 		}
 		if dials == 3 {
 			p.mu.Unlock()
-			return nil, false, fmt.Errorf("egret: no HTTP/2 connection to %s takes a new stream", addr)
+			return nil, false, fmt.Errorf("no HTTP/2 connection to %s takes a new stream", addr)
 		}
 		dials++
 		done := make(chan struct{})
@@ -473,7 +473,7 @@ func (p *h2Pool) dial(ctx context.Context, addr string, useTLS bool) (*h2Conn, e
 	cc, err := p.t.h2t.NewClientConn(nc)
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("egret: http2 connection to %s: %w", addr, err)
+		return nil, fmt.Errorf("http2 connection to %s: %w", addr, err)
 	}
 	return &h2Conn{cc: cc, nc: nc}, nil
 }

@@ -8,4 +8,4 @@ import (
 )
 
 // setMark is unsupported outside Linux.
-func setMark(syscall.RawConn, int) error { return errors.New("egret: SO_MARK needs Linux") }
+func setMark(syscall.RawConn, int) error { return errors.New("SO_MARK needs Linux") }

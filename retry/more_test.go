@@ -310,6 +310,29 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// TestErrorsSayEgretOnce: the message of a failure names egret once, in
+// one line, whatever its cause (a dial error, an invalid request).
+func TestErrorsSayEgretOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	tr, _, _ := testTransport(t, func(p *Policy) { p.MaxAttempts = 1 })
+	invalid := get(t, "http://"+closed+"/")
+	invalid.URL.Scheme = "ftp"
+	for _, req := range []*http.Request{get(t, "http://"+closed+"/"), invalid} {
+		_, err := tr.RoundTrip(req)
+		if err == nil {
+			t.Fatalf("%s: no error", req.URL)
+		}
+		if msg := err.Error(); strings.Count(msg, "egret:") != 1 || strings.Contains(msg, "\n") {
+			t.Errorf("%s: error %q: want \"egret:\" once, one line", req.URL, msg)
+		}
+	}
+}
+
 // counterValue sums the counters of family name whose label has value (all
 // of them when label is "").
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {

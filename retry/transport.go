@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -279,7 +280,7 @@ func (r *run) do() (*http.Response, error) {
 			Evidence: engine.NotSent, Err: err.Error(), Decision: engine.Result{Reason: engine.ReasonPermanentFailure}}
 		r.ledger.Record(engine.NotSent, engine.RequestInvalid, 0, rec.Decision)
 		r.trace.Attempts = append(r.trace.Attempts, rec)
-		return nil, r.fail(errors.Join(ErrRequestInvalid, err))
+		return nil, r.fail(fmt.Errorf("%w: %w", ErrRequestInvalid, err))
 	}
 	r.budget = t.budgets.Get(r.pol.Upstream, r.pol.Budget)
 	r.budget.Earn(t.now())
@@ -312,7 +313,7 @@ func (r *run) do() (*http.Response, error) {
 		if r.kind != engine.BodyNone {
 			b, err := r.work.GetBody()
 			if err != nil {
-				return r.stop(errors.Join(ErrRequestInvalid, err))
+				return r.stop(fmt.Errorf("%w: %w", ErrRequestInvalid, err))
 			}
 			body = b
 		}
@@ -336,7 +337,7 @@ func validate(req *http.Request) error {
 // request so that the caller's headers are never touched.
 func (r *run) refresh() error {
 	if r.pol.Refresh == nil {
-		return errors.New("egret: no credential refresher")
+		return errors.New("no credential refresher")
 	}
 	if r.work == r.req {
 		r.work = r.req.Clone(r.req.Context())

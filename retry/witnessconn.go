@@ -12,7 +12,7 @@ import (
 )
 
 // errFrozen is returned by writes on a connection frozen for the witness.
-var errFrozen = errors.New("egret: connection frozen after a failure")
+var errFrozen = errors.New("connection frozen after a failure")
 
 // witnessConn wraps an upstream TCP connection so that the kernel witness
 // can prove that no byte of a failed attempt left the host.
@@ -144,7 +144,7 @@ func (c *witnessConn) Close() error {
 
 // errStale is returned by writes on a pooled connection that the upstream
 // had closed before the request was written on it.
-var errStale = errors.New("egret: pooled connection closed by the upstream before the request was written")
+var errStale = errors.New("pooled connection closed by the upstream before the request was written")
 
 // refuseIfStale freezes an idle pooled connection that the peer has closed
 // already, before a byte of the next request is written on it: the
@@ -188,7 +188,7 @@ func (c *witnessConn) freezeWith(reason error) {
 		c.mu.Lock()
 	}
 	if c.writing > 0 {
-		c.finalErr = errors.New("egret: write in flight at the failure")
+		c.finalErr = errors.New("write in flight at the failure")
 		return
 	}
 	snap, err := c.w.Snapshot(c.raw)
