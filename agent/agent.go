@@ -91,8 +91,9 @@ type Config struct {
 	// the kernel stopped redirecting to them, so that connects redirected
 	// just before are served rather than reset (default 50 ms).
 	Settle time.Duration
-	// RetryInterval: how often a pod that failed to start is tried again
-	// (default 2 s).
+	// RetryInterval: how long a pod that failed to start waits before it
+	// is tried again (default 2 s), doubled with each failure in a row up
+	// to a minute. Only the first failure in a row is logged as an error.
 	RetryInterval time.Duration
 	// WrapDial, if set, wraps each pod's upstream dialer (tests).
 	WrapDial func(pod string, d proxy.DialFunc) proxy.DialFunc
@@ -292,12 +293,22 @@ func (a *Agent) put(p pods.Pod) {
 }
 
 func (a *Agent) startPod(p pods.Pod) {
+	a.startPodAfter(p, 0)
+}
+
+// startPodAfter starts p; fails is how many starts of it failed in a row
+// before (they space the retries and quiet the log).
+func (a *Agent) startPodAfter(p pods.Pod, fails int) {
 	start := time.Now()
 	ps, err := a.newPod(p)
 	if err != nil {
 		a.m.failures.WithLabelValues("start").Inc()
-		a.log.Error("pod start failed", "pod", p.Name, "err", err)
-		ps = &podState{pod: p, state: StateFailed, err: err, since: time.Now()}
+		level := slog.LevelError
+		if fails > 0 {
+			level = slog.LevelDebug // said already; the status keeps the error
+		}
+		a.log.Log(context.Background(), level, "pod start failed", "pod", p.Name, "err", err, "failures", fails+1)
+		ps = &podState{pod: p, state: StateFailed, err: err, since: time.Now(), fails: fails + 1}
 	} else {
 		a.m.startTime.Observe(time.Since(start).Seconds())
 		a.log.Info("pod running", "pod", p.Name, "cgroup", p.Cgroup, "netns", ps.ns.Path(),
@@ -341,19 +352,29 @@ func (a *Agent) stopPod(ps *podState, detach bool) {
 	}()
 }
 
+// retryFailed starts again the failed pods whose wait is over: the
+// RetryInterval, doubled with each failure in a row, up to a minute.
 func (a *Agent) retryFailed() {
+	type retry struct {
+		p     pods.Pod
+		fails int
+	}
 	a.mu.Lock()
-	var failed []pods.Pod
+	var due []retry
 	for _, ps := range a.pods {
-		if ps.state == StateFailed {
-			failed = append(failed, ps.pod)
+		if ps.state != StateFailed {
+			continue
+		}
+		wait := a.cfg.RetryInterval << min(ps.fails-1, 10)
+		if time.Since(ps.since) >= min(wait, time.Minute) {
+			due = append(due, retry{ps.pod, ps.fails})
 		}
 	}
 	a.mu.Unlock()
-	for _, p := range failed {
-		a.startPod(p)
+	for _, r := range due {
+		a.startPodAfter(r.p, r.fails)
 	}
-	if len(failed) > 0 {
+	if len(due) > 0 {
 		a.updateGauges()
 	}
 }
@@ -431,6 +452,7 @@ type PodStatus struct {
 	Name     string    `json:"name"`
 	State    string    `json:"state"`
 	Error    string    `json:"error,omitempty"`
+	Failures int       `json:"failures,omitempty"` // failed starts in a row
 	Cgroup   string    `json:"cgroup"`
 	CgroupID uint64    `json:"cgroup_id,omitempty"`
 	Netns    string    `json:"netns"`

@@ -24,6 +24,7 @@ type podState struct {
 	pod    pods.Pod
 	state  string
 	err    error
+	fails  int // failed starts in a row (state failed)
 	since  time.Time
 	cgid   uint64
 	ns     *netns.NS
@@ -207,6 +208,7 @@ func (ps *podState) status() PodStatus {
 	}
 	if ps.err != nil {
 		s.Error = ps.err.Error()
+		s.Failures = ps.fails
 	}
 	if ps.policy != nil {
 		s.Policy = ps.policy.Current().Source
