@@ -39,6 +39,19 @@ func TestEgretRunCurl(t *testing.T) {
 		t.Fatalf("status %d attempts %q executions %d", r.Status, r.Headers.Get("Egret-Attempts"), led.Executions("run-1"))
 	}
 
+	// --policy: a node policy for the command's requests.
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pol, []byte("defaults:\n  max_attempts: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "run", "-q", "--policy", pol, "--", "curl", "-sS", "-i", "-H", "Ledger-Id: run-p", "-H", "Ledger-Fault: 503; times=1", url(up, "/")).Output()
+	if err != nil {
+		t.Fatalf("egret run --policy: %v", err)
+	}
+	if r := parseHTTP(t, string(out)); r.Status != 503 || attempts(r) != 1 || led.Executions("run-p") != 1 {
+		t.Fatalf("--policy max_attempts 1: status %d attempts %d", r.Status, attempts(r))
+	}
+
 	// --netns new: a namespace of its own, joined to the host by a veth
 	// whose host end is in $EGRET_HOST; the exit status is the command's.
 	led2, up2 := startLedger(t, netip.IPv4Unspecified())
@@ -48,7 +61,7 @@ func TestEgretRunCurl(t *testing.T) {
 	stdout.Reset()
 	stderr.Reset()
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	err = cmd.Run()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
 		t.Fatalf("exit status: %v\n%s", err, stderr.String())
