@@ -22,14 +22,15 @@ import (
 	"github.com/egret-proxy/egret/test/ledger"
 )
 
-// upstreams is a ledger served four ways: HTTP/1.1, h2c, h2 over TLS, and a
-// port that refuses every connect.
+// upstreams is a ledger served several ways: HTTP/1.1 (IPv4 and IPv6), h2c,
+// h2 and HTTP/1.1 over TLS, and a port that refuses every connect.
 type upstreams struct {
 	ledger  *ledger.Server
 	h1      net.Addr
 	h1v6    net.Addr // HTTP/1.1 on [::1] (nil without IPv6 loopback)
 	h2c     net.Addr
-	tls     net.Addr
+	tls     net.Addr // h2 over TLS
+	tlsH1   net.Addr // HTTP/1.1 over TLS
 	refused *ledger.Refuser
 	caFile  string
 }
@@ -49,6 +50,9 @@ func startUpstreams(t *testing.T) *upstreams {
 		u.h1v6 = u.h1
 	}
 	if u.tls, err = u.ledger.ListenTLS("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	if u.tlsH1, err = u.ledger.ListenTLS("tcp", "127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
 	if u.refused, err = ledger.Refusing(net.IPv4(127, 0, 0, 1)); err != nil {
@@ -78,6 +82,7 @@ func (u *upstreams) policyFor(defaults string) string {
 	}
 	fmt.Fprintf(&b, "upstreams:\n  - host: 127.0.0.1\n    port: %d\n    protocol: h2c\n", port(u.h2c))
 	fmt.Fprintf(&b, "  - host: 127.0.0.1\n    port: %d\n    protocol: h2\n    tls:\n      enabled: true\n      ca_file: %s\n", port(u.tls), u.caFile)
+	fmt.Fprintf(&b, "  - host: 127.0.0.1\n    port: %d\n    protocol: http1\n    tls:\n      enabled: true\n      ca_file: %s\n", port(u.tlsH1), u.caFile)
 	return b.String()
 }
 

@@ -61,6 +61,7 @@ const (
 	targetH1v6    target = "h1-ipv6"
 	targetH2C     target = "h2c"
 	targetTLS     target = "tls-h2"
+	targetTLSH1   target = "tls-h1"
 	targetRefused target = "refused"
 )
 
@@ -82,6 +83,14 @@ func (s spec) row() string {
 		return "connect-refused"
 	}
 	return string(s.fault.Kind)
+}
+
+// proto is the protocol the test policy makes egret speak to the target.
+func (s spec) proto() string {
+	if s.target == targetH2C || s.target == targetTLS {
+		return "HTTP/2.0"
+	}
+	return "HTTP/1.1"
 }
 
 func (s spec) idempotent() bool {
@@ -152,7 +161,7 @@ func plan(seed uint64, n int) []spec {
 	out := make([]spec, n)
 	for i := range out {
 		s := spec{n: i, id: fmt.Sprintf("t%05d", i)}
-		s.target = pick(r, []weighted[target]{{45, targetH1}, {10, targetH1v6}, {20, targetH2C}, {20, targetTLS}, {5, targetRefused}})
+		s.target = pick(r, []weighted[target]{{40, targetH1}, {8, targetH1v6}, {20, targetH2C}, {18, targetTLS}, {9, targetTLSH1}, {5, targetRefused}})
 		s.method = pick(r, []weighted[string]{{25, "GET"}, {15, "PUT"}, {10, "DELETE"}, {35, "POST"}, {15, "PATCH"}})
 		if (s.method == "POST" || s.method == "PATCH") && r.IntN(2) == 0 || s.method == "PUT" && r.IntN(10) == 0 {
 			s.key = fmt.Sprintf("key-%05d-%d", i, r.Uint32())
@@ -163,7 +172,7 @@ func plan(seed uint64, n int) []spec {
 		}
 		f := ledger.Fault{Kind: ledger.KindNone, RetryAfter: -1}
 		if s.target != targetRefused {
-			if s.target == targetH1 || s.target == targetH1v6 {
+			if s.target == targetH1 || s.target == targetH1v6 || s.target == targetTLSH1 {
 				f.Kind = pick(r, commonFaults)
 			} else {
 				f.Kind = pick(r, h2Faults)
@@ -195,6 +204,8 @@ func (u *upstreams) url(s spec) string {
 		host = u.h2c.String()
 	case targetTLS:
 		host = u.tls.String()
+	case targetTLSH1:
+		host = u.tlsH1.String()
 	case targetRefused:
 		host = u.refused.Addr.String()
 	}
@@ -468,8 +479,8 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 			}
 		}
 		for _, e := range rec.Executions {
-			if e.Method != s.method || e.BodySize != int64(s.size) {
-				v.add("executed request differs", s, a, rec, fmt.Sprintf("%s with %d bytes", e.Method, e.BodySize))
+			if e.Method != s.method || e.BodySize != int64(s.size) || e.Proto != s.proto() {
+				v.add("executed request differs", s, a, rec, fmt.Sprintf("%s %s with %d bytes", e.Proto, e.Method, e.BodySize))
 			}
 		}
 	}
