@@ -46,12 +46,14 @@ func (a *Agent) Admin() http.Handler {
 		writeJSON(w, http.StatusOK, a.Upstreams())
 	})
 	mux.HandleFunc("GET /explain/{id}", func(w http.ResponseWriter, r *http.Request) {
-		tr, ok := a.Trace(r.PathValue("id"))
+		tr, pod, ok := a.Trace(r.PathValue("id"))
 		if !ok {
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no trace for request " + r.PathValue("id")})
 			return
 		}
-		writeJSON(w, http.StatusOK, ViewTrace(tr))
+		v := ViewTrace(tr)
+		v.Pod = pod
+		writeJSON(w, http.StatusOK, v)
 	})
 	return mux
 }
@@ -117,6 +119,7 @@ func AdminClient(path string) *http.Client {
 // TraceView is a request's trace as the admin API shows it.
 type TraceView struct {
 	RequestID  string        `json:"request_id"`
+	Pod        string        `json:"pod,omitempty"`
 	Method     string        `json:"method"`
 	URL        string        `json:"url"`
 	Upstream   string        `json:"upstream"`

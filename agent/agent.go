@@ -8,8 +8,9 @@
 // the pod's namespace (so the pod's source address and network policy
 // apply: egret never reaches what the pod could not), and then attaches
 // egret's connect4/connect6/sockops programs to the pod's cgroup. Budgets,
-// bulkheads, traces and metrics are one per node, shared by all pods'
-// proxies. A pod that goes is detached and its listeners closed.
+// bulkheads and metrics are one per node, shared by all pods' proxies;
+// each pod keeps the traces of its own recent requests (so a busy pod
+// cannot push a quiet one's out), and Trace looks in all of them. A pod that goes is detached and its listeners closed.
 //
 // Fail-open: the connect programs redirect only while the pod's listener
 // exists (they look it up per connect), so when the agent dies its
@@ -42,6 +43,9 @@ import (
 // DefaultListenPort is the port of a pod's egret listeners when neither the
 // pod nor the Config names one.
 const DefaultListenPort = 15001
+
+// DefaultTracesPerPod is Config.TracesPerPod's default.
+const DefaultTracesPerPod = 1024
 
 // Attacher is what the agent needs from the eBPF loader. *bpfload.Loader
 // implements it; Fake is an in-memory one for tests without root.
@@ -95,6 +99,9 @@ type Config struct {
 	// is tried again (default 2 s), doubled with each failure in a row up
 	// to a minute. Only the first failure in a row is logged as an error.
 	RetryInterval time.Duration
+	// TracesPerPod is how many recent requests' traces each pod keeps for
+	// explain (DefaultTracesPerPod if 0).
+	TracesPerPod int
 	// WrapDial, if set, wraps each pod's upstream dialer (tests).
 	WrapDial func(pod string, d proxy.DialFunc) proxy.DialFunc
 
@@ -116,7 +123,6 @@ type Agent struct {
 
 	budgets   *engine.Budgets
 	bulkheads *proxy.Bulkheads
-	traces    *proxy.Traces
 	pmetrics  *proxy.Metrics
 
 	drains sync.WaitGroup // pods draining in the background
@@ -185,7 +191,6 @@ func New(cfg Config) (*Agent, error) {
 		m:         m,
 		budgets:   cfg.Proxy.Budgets,
 		bulkheads: cfg.Proxy.Bulkheads,
-		traces:    cfg.Proxy.Traces,
 		pmetrics:  pm,
 		pods:      map[string]*podState{},
 	}
@@ -196,8 +201,8 @@ func New(cfg Config) (*Agent, error) {
 		a.bulkheads = proxy.NewBulkheads()
 		a.bulkheads.OnReject = pm.BulkheadRejected
 	}
-	if a.traces == nil {
-		a.traces = proxy.NewTraces(0)
+	if a.cfg.TracesPerPod <= 0 {
+		a.cfg.TracesPerPod = DefaultTracesPerPod
 	}
 	return a, nil
 }
@@ -206,7 +211,20 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Budgets() *engine.Budgets { return a.budgets }
 
 // Trace returns the trace of a request by its Egret-Request-Id.
-func (a *Agent) Trace(id string) (retry.Trace, bool) { return a.traces.Get(id) }
+// The pod whose proxy answered the request is returned with it.
+func (a *Agent) Trace(id string) (retry.Trace, string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name, ps := range a.pods {
+		if ps.traces == nil {
+			continue
+		}
+		if tr, ok := ps.traces.Get(id); ok {
+			return tr, name, true
+		}
+	}
+	return retry.Trace{}, "", false
+}
 
 // Run starts the agent and reconciles until ctx ends or the source fails.
 // When it returns every pod's listeners are closed (so pods fail open);
@@ -499,8 +517,11 @@ type Status struct {
 func (a *Agent) Status() Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := Status{Started: a.started, Synced: a.synced, Pods: len(a.pods), Traces: a.traces.Len()}
+	s := Status{Started: a.started, Synced: a.synced, Pods: len(a.pods)}
 	for _, ps := range a.pods {
+		if ps.traces != nil {
+			s.Traces += ps.traces.Len()
+		}
 		if ps.state == StateRunning {
 			s.Running++
 		} else {

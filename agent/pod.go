@@ -32,6 +32,7 @@ type podState struct {
 	srv    *proxy.Server
 	policy *podPolicy
 	lns    []net.Listener
+	traces *proxy.Traces
 	served sync.WaitGroup
 }
 
@@ -85,7 +86,8 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	pc.Witness = a.cfg.Witness
 	pc.Budgets = a.budgets
 	pc.Bulkheads = a.bulkheads
-	pc.Traces = a.traces
+	ps.traces = proxy.NewTraces(a.cfg.TracesPerPod)
+	pc.Traces = ps.traces
 	pc.Metrics = a.pmetrics
 	pc.Logger = a.log.With("pod", p.Name)
 	srv, err := proxy.New(pc)

@@ -280,8 +280,8 @@ func adminGet(sock, path string) ([]byte, error) {
 }
 
 func writeExplain(w io.Writer, tv agent.TraceView) {
-	fmt.Fprintf(w, "request %s: %s %s to %s (idempotent %v, body %s) -> outcome %s after %d attempt(s)\n",
-		tv.RequestID, tv.Method, tv.URL, tv.Upstream, tv.Idempotent, tv.Body, outcomeOr(tv.Outcome), len(tv.Attempts))
+	fmt.Fprintf(w, "request %s from pod %s: %s %s to %s (idempotent %v, body %s) -> outcome %s after %d attempt(s)\n",
+		tv.RequestID, tv.Pod, tv.Method, tv.URL, tv.Upstream, tv.Idempotent, tv.Body, outcomeOr(tv.Outcome), len(tv.Attempts))
 	for _, a := range tv.Attempts {
 		what := fmt.Sprintf("status %d", a.Status)
 		if a.Status == 0 {

@@ -419,7 +419,7 @@ func assertNothingLeft(t *testing.T, name string, progs []uint32) {
 // the exchange ends, which may be just after the client has its answer.
 func (n *node) trace(id string) (retry.Trace, bool) {
 	for range 400 {
-		if tr, ok := n.agent.Trace(id); ok {
+		if tr, _, ok := n.agent.Trace(id); ok {
 			return tr, true
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -64,6 +64,9 @@ func TestTwoPodsIdenticalTuples(t *testing.T) {
 			if !ok || tr.Upstream != dst.String() {
 				t.Fatalf("%s: trace %+v", p.name, tr)
 			}
+			if _, by, _ := n.agent.Trace(tr.RequestID); by != p.name {
+				t.Fatalf("%s's request was answered by pod %q's proxy", p.name, by)
+			}
 		}
 	}
 	t.Logf("two pods, client 127.0.0.1:4000N -> 127.0.0.1:15001 in each, original %s: each reached its own upstream (3 rounds)", dst)
