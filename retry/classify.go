@@ -28,7 +28,6 @@ type attemptTrace struct {
 	// guardStale: check a reused HTTP/1.1 connection for an upstream
 	// close before writing a non-idempotent request on it.
 	guardStale bool
-	stale      bool
 
 	mu                        sync.Mutex
 	dnsStart, dnsDone         bool
@@ -47,7 +46,6 @@ type attemptTrace struct {
 	mayHaveSent bool
 	before      witness.Counters
 	hasBefore   bool
-	beforeErr   error
 }
 
 func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
@@ -91,7 +89,7 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	a.gotConns++
 	a.conn = info.Conn
 	a.wroteHeaders, a.wroteRequest, a.writeErr, a.firstByte = false, false, nil, false
-	a.hasBefore, a.beforeErr = false, nil
+	a.hasBefore = false
 	if a.w == nil || info.Conn == nil {
 		return
 	}
@@ -110,9 +108,9 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 			a.before, err = b, nil
 		}
 	}
-	a.hasBefore, a.beforeErr = err == nil, err
-	if a.guardStale && info.Reused && a.hasBefore && wc != nil && !wc.shared && wc.refuseIfStale() {
-		a.stale = true
+	a.hasBefore = err == nil
+	if a.guardStale && info.Reused && a.hasBefore && wc != nil && !wc.shared {
+		wc.refuseIfStale()
 	}
 }
 
