@@ -228,7 +228,6 @@ type run struct {
 	// kept is the last response of a retried status, buffered; keptAfter
 	// says a later attempt got past not_sent without a response.
 	kept      *http.Response
-	keptAmbig bool
 	keptAfter bool
 }
 
@@ -291,14 +290,15 @@ func (r *run) do() (*http.Response, error) {
 		res := r.decide(n, &rec, ar)
 		r.trace.Attempts = append(r.trace.Attempts, rec)
 		t.Metrics.attempt(&rec)
+		if ar.resp == nil && rec.Evidence != engine.NotSent {
+			r.keptAfter = true
+		}
 		if res.Decision != engine.Retry {
-			return r.finish(ar, &rec)
+			return r.finish(ar)
 		}
 		// Retry: nothing of this attempt is held while waiting.
 		if ar.resp != nil {
 			r.keep(ar)
-		} else if rec.Evidence != engine.NotSent {
-			r.keptAfter = true
 		}
 		ar.done()
 		if rec.Failure == engine.CategoryNone && rec.Status == http.StatusUnauthorized {
@@ -647,7 +647,7 @@ func (r *run) keep(ar *attemptResult) {
 		limit = DefaultKeepBody
 	}
 	resp := ar.resp
-	r.kept, r.keptAmbig, r.keptAfter = nil, false, false
+	r.kept, r.keptAfter = nil, false
 	if limit < 0 || resp.ContentLength > limit {
 		return
 	}
@@ -667,18 +667,22 @@ func (r *run) keep(ar *attemptResult) {
 	r.kept = &kept
 }
 
-// stop ends the request early (the caller gave up, a refresh or GetBody
-// failed): the outcome is told from the attempts so far.
+// stop tells the outcome from the attempts so far when the last one left
+// no response to return (it failed, the caller gave up, a refresh or
+// GetBody failed). A response kept from an earlier attempt is the last
+// response, unless a non-idempotent request was sent again after it: then
+// that response no longer tells the truth. A kept response was retried, so
+// it is never an ambiguous status.
 func (r *run) stop(cause error) (*http.Response, error) {
 	if r.kept != nil && (r.idempotent || !r.keptAfter) {
-		return r.deliver(r.kept, nil, nil, nil, r.keptAmbig), nil
+		return r.deliver(r.kept, nil, nil, nil, false), nil
 	}
 	return nil, r.fail(cause)
 }
 
 // finish tells the caller how the request ended after the engine's last
 // decision.
-func (r *run) finish(ar *attemptResult, rec *Attempt) (*http.Response, error) {
+func (r *run) finish(ar *attemptResult) (*http.Response, error) {
 	if ar.resp != nil {
 		resp := ar.resp
 		ar.resp = nil
@@ -687,16 +691,7 @@ func (r *run) finish(ar *attemptResult, rec *Attempt) (*http.Response, error) {
 		return out, nil
 	}
 	ar.done()
-	if rec.Evidence != engine.NotSent {
-		r.keptAfter = true
-	}
-	// A response kept from an earlier attempt is the last response, unless
-	// a non-idempotent request was sent again after it: then that response
-	// no longer tells the truth.
-	if r.kept != nil && (r.idempotent || !r.keptAfter) {
-		return r.deliver(r.kept, nil, nil, nil, r.keptAmbig), nil
-	}
-	return nil, r.fail(ar.err)
+	return r.stop(ar.err)
 }
 
 func (r *run) fail(cause error) error {
