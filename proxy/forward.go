@@ -206,15 +206,14 @@ func (c *conn) target(req *http.Request) (target, error) {
 	if host == "" {
 		host = c.dst.Addr().String()
 	}
+	// An absolute-form request to an origin is allowed: its path and query
+	// are kept, and dst still wins over its host.
 	u := &url.URL{
 		Scheme:   "http",
 		Host:     c.dst.String(),
 		Path:     req.URL.Path,
 		RawPath:  req.URL.RawPath,
 		RawQuery: req.URL.RawQuery,
-	}
-	if req.URL.IsAbs() { // absolute-form to an origin: allowed, dst still wins
-		u.Path, u.RawPath, u.RawQuery = req.URL.Path, req.URL.RawPath, req.URL.RawQuery
 	}
 	return target{url: u, host: host, port: int(c.dst.Port())}, nil
 }
@@ -329,22 +328,12 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Excha
 	return out
 }
 
-// attemptsOf is the number of dispatches of the request to the upstream:
-// the runner's attempts, plus the ones net/http made on its own inside an
-// attempt (a replay on a fresh connection, Attempt.HiddenRetries), since
-// each of them may have reached the server.
-func attemptsOf(resp *http.Response, err error) int {
-	var tr *retry.Trace
-	var ae *retry.AmbiguousError
-	var re *retry.Error
-	switch {
-	case errors.As(err, &ae):
-		tr = ae.Trace
-	case errors.As(err, &re):
-		tr = re.Trace
-	case resp != nil:
-		tr, _ = retry.TraceOf(resp)
-	}
+// attemptsOf is the number of dispatches of the request to the upstream,
+// from the runner's trace of it (tr) or else its error: the runner's
+// attempts, plus the ones net/http made on its own inside an attempt (a
+// replay on a fresh connection, Attempt.HiddenRetries), since each of them
+// may have reached the server.
+func attemptsOf(tr *retry.Trace, err error) int {
 	if tr != nil && len(tr.Attempts) > 0 {
 		n := len(tr.Attempts)
 		for i := range tr.Attempts {
@@ -362,23 +351,22 @@ func attemptsOf(resp *http.Response, err error) int {
 // section 6).
 func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start time.Time, keep bool) bool {
 	status, outcome := http.StatusBadGateway, engine.OutcomeFailed
+	var tr *retry.Trace
 	var ae *retry.AmbiguousError
 	var re *retry.Error
 	switch {
 	case errors.As(err, &ae):
-		status, outcome = ae.Status, engine.OutcomeAmbiguous
+		status, outcome, tr = ae.Status, engine.OutcomeAmbiguous, ae.Trace
 	case errors.As(err, &re):
 		// A request_invalid attempt is not_sent too: the spec answers
 		// every not-sent outcome 503, a request the runner could not
 		// send included.
-		status, outcome = re.Status, re.Outcome
-	case errors.Is(err, context.Canceled):
-		outcome = engine.OutcomeFailed
+		status, outcome, tr = re.Status, re.Outcome, re.Trace
 	}
 	if status == 0 {
 		status = http.StatusBadGateway
 	}
-	n := attemptsOf(nil, err)
+	n := attemptsOf(tr, err)
 	c.s.cfg.Metrics.request(outcome.String())
 	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
 		msg: err.Error(), close: !keep})
@@ -390,7 +378,8 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 // reports whether the connection may carry another request.
 func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start time.Time, keep bool) bool {
 	defer resp.Body.Close()
-	n := attemptsOf(resp, nil)
+	tr, traced := retry.TraceOf(resp)
+	n := attemptsOf(tr, nil)
 	h := resp.Header.Clone()
 	removeHopHeaders(h)
 	cl := h.Get("Content-Length")
@@ -400,7 +389,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	// Egret-Outcome on a relayed response is the runner's mark of an
 	// ambiguous status, never the upstream's own header.
 	ambiguous := h.Get(HeaderOutcome) == engine.OutcomeAmbiguous.String()
-	if tr, ok := retry.TraceOf(resp); ok {
+	if traced {
 		ambiguous = tr.Outcome == engine.OutcomeAmbiguous
 	}
 	h.Del(HeaderOutcome)
