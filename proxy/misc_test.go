@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -61,6 +62,26 @@ func TestClassify(t *testing.T) {
 		p, done := classify([]byte(c.in))
 		if p != c.want || done != c.done {
 			t.Errorf("classify(%q) = %q, %v; want %q, %v", c.in, p, done, c.want, c.done)
+		}
+	}
+}
+
+// TestClassifyDecidesBySniffLen: sniff reads until classify decides, so
+// classify must decide with sniffLen bytes whatever they are.
+func TestClassifyDecidesBySniffLen(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	starts := []string{"", "PRI * HTTP/2.0\r\n", "PRI * HTTP/2.", "PRI", "GET", "ABCDEFGHIJKLMNO", "A-B_C", "\x00\x00\x00\x08"}
+	for i := range 20000 {
+		b := []byte(starts[i%len(starts)])
+		for len(b) < sniffLen {
+			if i%2 == 0 {
+				b = append(b, byte(r.IntN(256)))
+			} else {
+				b = append(b, "AZ-_ P"[r.IntN(6)])
+			}
+		}
+		if _, ok := classify(b[:sniffLen]); !ok {
+			t.Fatalf("classify(%q) undecided", b[:sniffLen])
 		}
 	}
 }

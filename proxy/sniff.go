@@ -54,17 +54,11 @@ func sniff(c net.Conn, br *bufio.Reader, timeout time.Duration) (Protocol, error
 			}
 			return ProtoUnknown, err
 		}
-		if len(b) >= sniffLen && !bytes.HasPrefix(h2Preface, b[:min(len(b), len(h2Preface))]) {
-			return ProtoUnknown, nil
-		}
-		if len(b) >= len(h2Preface) {
-			return ProtoUnknown, nil
-		}
 	}
 }
 
 // classify decides from the bytes seen so far; ok is false when more bytes
-// are needed.
+// are needed, never with sniffLen bytes or more.
 func classify(b []byte) (Protocol, bool) {
 	if len(b) == 0 {
 		return "", false
