@@ -94,9 +94,11 @@ func (s *Server) newRunner() http.RoundTripper {
 			return retry.DefaultPolicy("")
 		},
 		Acquire: func(ctx context.Context, upstream string) (func(), error) {
-			b := s.cfg.Bulkheads.Lookup(upstream)
+			var b *Bulkhead
 			if x := ExchangeFrom(ctx); x != nil && x.Bulkhead != nil {
 				b = x.Bulkhead
+			} else {
+				b = s.cfg.Bulkheads.Lookup(upstream)
 			}
 			if b == nil {
 				return func() {}, nil
