@@ -109,10 +109,10 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	up := pol.Match(tg.host, tg.port)
 	path := req.URL.Path
 	hasKey := req.Header.Get(policy.IdempotencyKeyHeader) != ""
-	if up.ShouldInjectKey(req.Method, path, hasKey) {
+	rp := up.RetryPolicy(req.Method, path)
+	if up.InjectsKey(rp.Idempotency, req.Method, hasKey) {
 		req.Header.Set(policy.IdempotencyKeyHeader, policy.NewIdempotencyKey())
 	}
-	rp := up.RetryPolicy(req.Method, path)
 	if shorten > 0 && (rp.Timeout <= 0 || shorten < rp.Timeout) {
 		rp.Timeout = shorten
 		if rp.AttemptTimeout > shorten {

@@ -300,14 +300,14 @@ func (u *Upstream) Idempotent(method, path string, hasKey bool) bool {
 // that declares the request not idempotent wins over keys, so no key is
 // injected there.
 func (u *Upstream) ShouldInjectKey(method, path string, hasKey bool) bool {
-	if !u.InjectIdempotencyKey || hasKey {
-		return false
-	}
-	id := u.Idempotency(method, path)
-	if id.RouteSet {
-		return false
-	}
-	return !id.Resolve(method, false)
+	return u.InjectsKey(u.Idempotency(method, path), method, hasKey)
+}
+
+// InjectsKey is ShouldInjectKey for a request whose idempotency policy id
+// is already resolved (its RetryPolicy's Idempotency): the route is not
+// matched a second time.
+func (u *Upstream) InjectsKey(id engine.Idempotency, method string, hasKey bool) bool {
+	return u.InjectIdempotencyKey && !hasKey && !id.RouteSet && !id.Resolve(method, false)
 }
 
 // NewIdempotencyKey returns a fresh random key (a UUID version 4).

@@ -287,6 +287,9 @@ upstreams:
 		if got := u.ShouldInjectKey(c.method, c.path, c.key); got != c.inject {
 			t.Errorf("%s %s %s key=%v: ShouldInjectKey %v, want %v", c.host, c.method, c.path, c.key, got, c.inject)
 		}
+		if got := u.InjectsKey(rp.Idempotency, c.method, c.key); got != c.inject {
+			t.Errorf("%s %s %s key=%v: InjectsKey %v, want %v", c.host, c.method, c.path, c.key, got, c.inject)
+		}
 		// Injecting makes it idempotent, as promised.
 		if c.inject && !rp.Idempotency.Resolve(c.method, true) {
 			t.Errorf("%s %s %s: an injected key does not make it idempotent", c.host, c.method, c.path)
