@@ -39,6 +39,15 @@ type h2stream struct {
 	ended  bool  // the request's END_STREAM arrived
 }
 
+type answeredStream struct {
+	id string
+	at time.Time
+}
+
+// recentAnswers is how long an answered stream counts as collateral of a
+// connection reset.
+const recentAnswers = time.Second
+
 type h2conn struct {
 	s      *Server
 	c, raw net.Conn
@@ -60,9 +69,12 @@ type h2conn struct {
 	goingAway      bool
 	lastStream     uint32
 	resetOnReuse   bool
-	finishing      bool // GOAWAY done: write side closed
-	dead           bool
-	handlers       sync.WaitGroup
+	// answered lists the streams answered lately: a connection reset can
+	// destroy an answer the client has not read yet.
+	answered  []answeredStream
+	finishing bool // GOAWAY done: write side closed
+	dead      bool
+	handlers  sync.WaitGroup
 }
 
 // serveH2 serves HTTP/2 on a connection whose client preface has been read.
@@ -178,6 +190,7 @@ func (hc *h2conn) rst(id uint32, code http2.ErrCode) {
 	if x := hc.streams[id]; x != nil {
 		x.reset = true
 		delete(hc.streams, id)
+		hc.noteAnsweredLocked(x.head.id)
 	}
 	hc.cond.Broadcast()
 	hc.mu.Unlock()
@@ -228,6 +241,11 @@ func (hc *h2conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 		for _, x := range hc.streams {
 			cut = append(cut, x.head.id)
 		}
+		for _, a := range hc.answered {
+			if time.Since(a.at) < recentAnswers {
+				cut = append(cut, a.id)
+			}
+		}
 		hc.mu.Unlock()
 		hc.s.collateral(cut)
 		reset(hc.c, hc.raw)
@@ -268,6 +286,7 @@ func (hc *h2conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 		hc.goingAway = true
 		hc.lastStream = prevMax
 		delete(hc.streams, id)
+		hc.noteAnsweredLocked(h.id)
 		hc.mu.Unlock()
 		hc.write(func() error { return hc.fr.WriteGoAway(prevMax, http2.ErrCodeNo, []byte("ledger fault goaway")) })
 		hc.maybeFinishGoAway()
@@ -427,8 +446,22 @@ func (hc *h2conn) respond(x *h2stream, a answer, half bool) {
 	}
 	hc.mu.Lock()
 	delete(hc.streams, x.id)
+	hc.noteAnsweredLocked(x.head.id)
 	hc.mu.Unlock()
 	hc.maybeFinishGoAway()
+}
+
+// noteAnsweredLocked remembers that the stream of id got its last frame
+// (answer, RST_STREAM or GOAWAY) now.
+func (hc *h2conn) noteAnsweredLocked(id string) {
+	now := time.Now()
+	keep := hc.answered[:0]
+	for _, a := range hc.answered {
+		if now.Sub(a.at) < recentAnswers {
+			keep = append(keep, a)
+		}
+	}
+	hc.answered = append(keep, answeredStream{id, now})
 }
 
 // maybeFinishGoAway closes the connection once a GOAWAY was sent and every

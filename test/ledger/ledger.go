@@ -75,8 +75,10 @@ type Record struct {
 	// reset by a previous request's reset-on-reuse fault.
 	Faulted int
 	Victims int
-	// Collateral counts HTTP/2 streams of this id that were in flight on a
-	// connection another request's reset-on-reuse reset; Bystander counts
+	// Collateral counts HTTP/2 streams of this id that were in flight, or
+	// answered (or refused) less than a second before, on a connection
+	// another request's reset-on-reuse reset (the reset can destroy frames
+	// the client has not read yet); Bystander counts
 	// HTTP/2 heads of this id refused (not processed, not an arrival)
 	// because another request's goaway or close-idle had sent GOAWAY.
 	Collateral int

@@ -462,7 +462,7 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 		// Exact answers where nothing else can interfere: a refused connect,
 		// and on HTTP/2 (where every effect of another request's fault is
 		// attributed) a fault on every attempt.
-		if want, ok := exactAnswer(s, rec); ok {
+		if want, ok := exactAnswer(s, rec, a); ok {
 			got := fmt.Sprintf("%d %s attempts %d", a.status, a.outcome, a.attempts)
 			if got != want {
 				v.add("wrong answer for a fault on every attempt", s, a, rec, "want "+want)
@@ -470,7 +470,7 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 		}
 		// Retries the spec forbids: a 500 that the policy does not call
 		// transient, a 425 after attempt 1.
-		if a.status == 200 && a.outcome == "" {
+		if a.status == 200 && a.outcome == "" && !crossTalk(rec) {
 			if rec.Faults[ledger.KindStatus500] > 0 {
 				v.add("retried a non-transient 500", s, a, rec, "")
 			}
@@ -487,9 +487,17 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 	return v
 }
 
+// crossTalk reports whether another request's fault hit this one too (the
+// ledger's attribution: victim, collateral, bystander).
+func crossTalk(rec ledger.Record) bool { return rec.Victims+rec.Collateral+rec.Bystander > 0 }
+
 // exactAnswer is the answer the spec gives s, when it can be told: status,
 // outcome and attempts as "502 ambiguous attempts 1".
-func exactAnswer(s spec, rec ledger.Record) (string, bool) {
+//
+// On HTTP/2 it is told only when the ledger saw every attempt egret reports
+// (each then met the fault): a stream whose frames were still unread when
+// another request's fault reset the connection cannot be attributed.
+func exactAnswer(s spec, rec ledger.Record, a answer) (string, bool) {
 	attempts := maxAttempts
 	if s.size > spoolLimit {
 		attempts = 1 // one-shot body: never retried
@@ -498,7 +506,7 @@ func exactAnswer(s spec, rec ledger.Record) (string, bool) {
 		return fmt.Sprintf("503 not-sent attempts %d", attempts), true
 	}
 	if s.target != targetH2C && s.target != targetTLS || s.fault.Times != 0 ||
-		rec.Victims+rec.Collateral+rec.Bystander > 0 {
+		crossTalk(rec) || rec.Arrivals != a.attempts {
 		return "", false
 	}
 	outcome := "failed"
@@ -541,8 +549,7 @@ func expectRecovery(s spec, rec ledger.Record) bool {
 	if s.target == targetRefused || s.fault.Times != 1 || s.size > spoolLimit {
 		return false
 	}
-	if rec.Victims+rec.Collateral+rec.Bystander > 0 {
-		// Another request's fault hit this one too.
+	if crossTalk(rec) {
 		return false
 	}
 	if s.idempotent() {
