@@ -90,7 +90,9 @@ type Config struct {
 	// (nil: none, so no evidence is ever upgraded).
 	Witness witness.Witness
 
-	Budgets   *engine.Budgets
+	Budgets *engine.Budgets
+	// Bulkheads (nil: a registry of the server's own, its rejections
+	// counted by Metrics).
 	Bulkheads *Bulkheads
 	Traces    *Traces
 	// Metrics count what only the proxy sees (egret_proxy_...);
@@ -157,8 +159,7 @@ func (c *Config) setDefaults() {
 	}
 	if c.Bulkheads == nil {
 		c.Bulkheads = NewBulkheads()
-		m := c.Metrics
-		c.Bulkheads.OnReject = m.BulkheadRejected
+		c.Bulkheads.OnReject = c.Metrics.BulkheadRejected
 	}
 	if c.Traces == nil {
 		c.Traces = NewTraces(0)

@@ -95,13 +95,10 @@ func runProxy(c *cli.Context) error {
 		src, policyName = w, f
 	}
 
-	bulkheads := proxy.NewBulkheads()
-	bulkheads.OnReject = pm.BulkheadRejected
 	srv, err := proxy.New(proxy.Config{
 		Mode:         proxy.Explicit,
 		Policy:       src,
 		Witness:      witness.TCPInfo{},
-		Bulkheads:    bulkheads,
 		Metrics:      pm,
 		RetryMetrics: rm,
 		Logger:       log,
