@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/egret-proxy/egret/internal/promtest"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
 )
@@ -130,8 +131,8 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	}{
 		{"requests{relayed}", counterValue(t, m.requests.WithLabelValues(labelRelayed)), 1},
 		{"requests{rejected}", counterValue(t, m.requests.WithLabelValues(labelRejected)), 1},
-		{"attempts", familySum(t, reg, "egret_retry_attempts_total"), 2},
-		{"retries{status}", familySum(t, reg, "egret_retry_decisions_total", "decision", "retry", "reason", "status"), 1},
+		{"attempts", promtest.CounterSum(t, reg, "egret_retry_attempts_total"), 2},
+		{"retries{status}", promtest.CounterSum(t, reg, "egret_retry_decisions_total", "decision", "retry", "reason", "status"), 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/promtest"
 )
 
 // bodies records the bodies the server received.
@@ -296,13 +297,13 @@ func TestMetrics(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	if got := counterValue(t, reg, "egret_retry_decisions_total", "decision", "retry"); got != 3 {
+	if got := promtest.CounterSum(t, reg, "egret_retry_decisions_total", "decision", "retry"); got != 3 {
 		t.Fatalf("retry decisions %v", got)
 	}
-	if got := counterValue(t, reg, "egret_retry_outcomes_total", "outcome", "response"); got != 3 {
+	if got := promtest.CounterSum(t, reg, "egret_retry_outcomes_total", "outcome", "response"); got != 3 {
 		t.Fatalf("outcomes %v", got)
 	}
-	if got := counterValue(t, reg, "egret_retry_attempts_total", "category", "none"); got != 6 {
+	if got := promtest.CounterSum(t, reg, "egret_retry_attempts_total", "category", "none"); got != 6 {
 		t.Fatalf("attempts %v", got)
 	}
 	if _, err := NewMetrics(reg); err == nil {
@@ -331,33 +332,6 @@ func TestErrorsSayEgretOnce(t *testing.T) {
 			t.Errorf("%s: error %q: want \"egret:\" once, one line", req.URL, msg)
 		}
 	}
-}
-
-// counterValue sums the counters of family name whose label has value (all
-// of them when label is "").
-func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if label == "" {
-				sum += m.GetCounter().GetValue()
-			}
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					sum += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return sum
 }
 
 // TestBodylessWireFormat: the body that stops net/http's own replays must

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/promtest"
 	"github.com/egret-proxy/egret/proxy/witness"
 )
 
@@ -100,7 +101,7 @@ func TestWitnessMemoryUpgradesOnlyWithProof(t *testing.T) {
 			}
 			tr.Metrics = m
 			resp, err := tr.RoundTrip(post(t, srv.url(), "pay"))
-			upgrades := counterValue(t, reg, "egret_retry_witness_upgrades_total", "", "")
+			upgrades := promtest.CounterSum(t, reg, "egret_retry_witness_upgrades_total")
 			if want := map[bool]float64{true: 1, false: 0}[tc.upgrade]; upgrades != want {
 				t.Fatalf("egret_retry_witness_upgrades_total = %v, want %v", upgrades, want)
 			}
