@@ -157,8 +157,10 @@ func (w *Watcher) poll() {
 // load parses data and puts it in force, or refuses it. w.mu is held.
 func (w *Watcher) load(data []byte) error {
 	p, err := Parse(w.path, data)
-	w.refs = statFiles(w.cur.Load()) // seen as they are now, whatever follows
 	if err != nil {
+		// The running policy's files, seen as they are now: a refusal is
+		// not taken for a change of them at the next poll.
+		w.refs = statFiles(w.cur.Load())
 		w.refused(err)
 		return err
 	}
