@@ -35,15 +35,14 @@ var (
 // Limits say where a body is held. A body of at most Memory bytes stays in
 // memory; one of at most Spool bytes goes to a temporary file in Dir (the
 // system's default when empty); a larger one is streamed once. Spool below
-// Memory means no spooling.
+// Memory means no spooling. The proxy takes them from the upstream's policy
+// (policy.BodyLimits, whose defaults are policy.DefaultMemoryLimit and
+// DefaultSpoolLimit).
 type Limits struct {
 	Memory int64
 	Spool  int64
 	Dir    string
 }
-
-// DefaultLimits: 1 MiB in memory, 64 MiB spooled.
-var DefaultLimits = Limits{Memory: 1 << 20, Spool: 64 << 20}
 
 // Body is a request body held by this package. It is an io.ReadCloser for
 // the first dispatch; Reopen gives a fresh reader from the start for a
