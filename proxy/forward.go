@@ -23,18 +23,17 @@ import (
 	"github.com/egret-proxy/egret/retry"
 )
 
-// Headers the proxy reads or writes (spec section 6).
+// Headers the proxy reads or writes (spec section 6). The request id and
+// the outcome are the attempt runner's own headers: it reads the one and
+// marks an ambiguous status with the other.
 const (
-	HeaderRequestID = "Egret-Request-Id"
+	HeaderRequestID = retry.HeaderRequestID
 	HeaderAttempts  = "Egret-Attempts"
-	HeaderOutcome   = "Egret-Outcome"
-	// headerTimeoutMs shortens a request's deadline; it is not forwarded.
-	headerTimeoutMs = "Egret-Timeout-Ms"
+	HeaderOutcome   = retry.HeaderOutcome
+	// HeaderTimeoutMs shortens the request's overall deadline
+	// (milliseconds; it never lengthens it). It is not forwarded.
+	HeaderTimeoutMs = "Egret-Timeout-Ms"
 )
-
-// HeaderTimeoutMs is the request header that shortens the request's overall
-// deadline (milliseconds; it never lengthens it).
-const HeaderTimeoutMs = headerTimeoutMs
 
 // Exchange is one proxied request on its way upstream; the attempt
 // runner's hooks find it in the request's context (ExchangeFrom).
@@ -96,10 +95,10 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		return false
 	}
 	var shorten time.Duration
-	if v := req.Header.Get(headerTimeoutMs); v != "" {
+	if v := req.Header.Get(HeaderTimeoutMs); v != "" {
 		ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || ms <= 0 || ms > 1<<40 {
-			c.refuse(req, id, start, http.StatusBadRequest, "bad "+headerTimeoutMs+" "+strconv.Quote(v))
+			c.refuse(req, id, start, http.StatusBadRequest, "bad "+HeaderTimeoutMs+" "+strconv.Quote(v))
 			return false
 		}
 		shorten = time.Duration(ms) * time.Millisecond

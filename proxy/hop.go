@@ -16,7 +16,7 @@ var hopHeaders = []string{
 	"Trailer",
 	"Transfer-Encoding",
 	"Upgrade",
-	headerTimeoutMs,
+	HeaderTimeoutMs,
 }
 
 // removeHopHeaders deletes from h the hop-by-hop headers, every header named

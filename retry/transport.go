@@ -21,6 +21,10 @@ import (
 // 502-504 answer to a non-idempotent request).
 const HeaderOutcome = "Egret-Outcome"
 
+// HeaderRequestID is the request header a request's Trace.RequestID is
+// read from (the proxy sets it on every request it forwards).
+const HeaderRequestID = "Egret-Request-Id"
+
 // DefaultKeepBody is how much of a retried response's body is buffered so
 // that the response can still be returned when later attempts fail
 // without one.
@@ -260,7 +264,7 @@ func (r *run) do() (*http.Response, error) {
 		}
 	}
 	r.trace = &Trace{
-		RequestID:  req.Header.Get("Egret-Request-Id"),
+		RequestID:  req.Header.Get(HeaderRequestID),
 		Method:     method,
 		Upstream:   r.pol.Upstream,
 		Idempotent: r.idempotent,
