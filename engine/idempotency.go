@@ -1,5 +1,9 @@
 package engine
 
+// IdempotencyKeyHeader is the request header that, on an upstream that
+// honours keys, makes a request idempotent (Idempotency.Resolve's hasKey).
+const IdempotencyKeyHeader = "Idempotency-Key"
+
 // Idempotency is the policy that resolves whether a request is safely
 // idempotent (spec section 1). The method alone never decides when a policy
 // says otherwise.

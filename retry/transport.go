@@ -253,7 +253,7 @@ func (r *run) do() (*http.Response, error) {
 	if method == "" {
 		method = http.MethodGet // net/http's reading of an empty method
 	}
-	r.idempotent = r.pol.Idempotency.Resolve(method, req.Header.Get("Idempotency-Key") != "")
+	r.idempotent = r.pol.Idempotency.Resolve(method, req.Header.Get(engine.IdempotencyKeyHeader) != "")
 	r.kind = BodyKind(req)
 	r.ctx, r.cancel = req.Context(), func() {}
 	if r.pol.Timeout > 0 {

@@ -49,8 +49,9 @@ const (
 	DefaultRefreshTimeout = 10 * time.Second
 )
 
-// IdempotencyKeyHeader is the header an upstream that honours keys reads.
-const IdempotencyKeyHeader = "Idempotency-Key"
+// IdempotencyKeyHeader is the header an upstream that honours keys reads,
+// the one the attempt runner resolves idempotency with.
+const IdempotencyKeyHeader = engine.IdempotencyKeyHeader
 
 // BodyLimits sizes request body buffering (bytes).
 type BodyLimits struct {
