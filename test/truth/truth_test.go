@@ -331,8 +331,13 @@ type violations struct {
 	// request may meet each connection the ledger closed while idle).
 	reconnects              int
 	unexplained, idleCloses int
-	byRule                  map[string]int
-	examples                map[string][]string
+	// exact counts the requests whose whole answer the spec tells;
+	// cautious lists those answered failed/ambiguous where the spec says
+	// not-sent (allowed for 2% of exact at most).
+	exact    int
+	cautious []string
+	byRule   map[string]int
+	examples map[string][]string
 }
 
 func (v *violations) add(rule string, s spec, a answer, rec ledger.Record, why string) {
@@ -351,6 +356,10 @@ func (v *violations) add(rule string, s spec, a answer, rec ledger.Record, why s
 
 func (v *violations) report() []string {
 	var out []string
+	if len(v.cautious)*50 > v.exact {
+		out = append(out, fmt.Sprintf("%d of %d exact answers were failed/ambiguous where the spec says not-sent (more than 2%%):\n  %s",
+			len(v.cautious), v.exact, strings.Join(v.cautious[:min(5, len(v.cautious))], "\n  ")))
+	}
 	rules := make([]string, 0, len(v.byRule))
 	for r := range v.byRule {
 		rules = append(rules, r)
@@ -463,8 +472,17 @@ func check(specs []spec, answers []answer, records map[string]ledger.Record, sta
 		// and on HTTP/2 (where every effect of another request's fault is
 		// attributed) a fault on every attempt.
 		if want, ok := exactAnswer(s, rec, a); ok {
+			v.exact++
 			got := fmt.Sprintf("%d %s attempts %d", a.status, a.outcome, a.attempts)
-			if got != want {
+			switch {
+			case got == want:
+			case strings.Contains(want, "not-sent") && s.target != targetRefused &&
+				(a.outcome == "failed" || a.outcome == "ambiguous") && a.attempts == rec.Arrivals:
+				// More cautious than the spec (an HTTP/2 refusal taken for
+				// a reset), never a lie: tolerated when rare.
+				v.cautious = append(v.cautious, fmt.Sprintf("%s %s %s fault=%q: %s, want %s",
+					s.id, s.target, s.method, s.fault.String(), got, want))
+			default:
 				v.add("wrong answer for a fault on every attempt", s, a, rec, "want "+want)
 			}
 		}
@@ -618,6 +636,8 @@ func (v *violations) coverage(t *testing.T, specs []spec, answers []answer, reco
 			notSent++
 		}
 	}
+	t.Logf("exact answers: %d checked, %d more cautious than the spec (not-sent expected)%s",
+		v.exact, len(v.cautious), strings.Join(append([]string{""}, v.cautious[:min(5, len(v.cautious))]...), "\n  "))
 	t.Logf("client resent %d requests on a new connection after egret closed a keep-alive one; %d ambiguous answers had no fault of their own (allowed: %d, the connections the ledger closed idle)",
 		v.reconnects, v.unexplained, v.idleCloses)
 	t.Logf("coverage: %d successes after a retry (%d with a spooled body, %d after REFUSED_STREAM/GOAWAY), %d ambiguous, %d not-sent",
