@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync"
 
@@ -20,31 +19,47 @@ type bases struct {
 	dial DialFunc
 	mu   sync.Mutex
 	m    map[string]*retry.HTTPTransport
+	// tls maps a TLS protocol and server name to the key in m of the
+	// transport made for its latest TLS configuration.
+	tls map[string]string
 }
 
 func newBases(dial DialFunc) *bases {
-	return &bases{dial: dial, m: make(map[string]*retry.HTTPTransport)}
+	return &bases{dial: dial, m: make(map[string]*retry.HTTPTransport), tls: make(map[string]string)}
 }
 
 // get returns the transport for upstream u reached under host name host.
+// A TLS transport is keyed by the content of the upstream's TLS
+// configuration: when a reloaded policy read new files (a rotated CA or
+// client certificate), a new transport is made, and the idle connections
+// of the one it replaces are closed.
 func (b *bases) get(u *policy.Upstream, host string) (http.RoundTripper, error) {
-	key := string(u.Protocol)
-	var tc *tls.Config
+	key, slot, serverName := string(u.Protocol), "", ""
 	if u.TLS.Enabled {
-		tc = u.TLSConfig()
-		if tc == nil {
+		if u.TLSConfigID() == "" {
 			return nil, errors.New("TLS origination without a TLS configuration")
 		}
-		if tc.ServerName == "" {
-			tc.ServerName = host
+		serverName = u.TLS.ServerName
+		if serverName == "" {
+			serverName = host
 		}
-		key = fmt.Sprintf("%s|tls|%s|%s|%s|%s|%v", u.Protocol, tc.ServerName, u.TLS.CAFile,
-			u.TLS.CertFile, u.TLS.KeyFile, u.TLS.InsecureSkipVerify)
+		slot = string(u.Protocol) + "|tls|" + serverName
+		key = slot + "|" + u.TLSConfigID()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if t := b.m[key]; t != nil {
 		return t, nil
+	}
+	var tc *tls.Config
+	if u.TLS.Enabled {
+		tc = u.TLSConfig()
+		tc.ServerName = serverName
+		if old, ok := b.tls[slot]; ok {
+			b.m[old].CloseIdleConnections()
+			delete(b.m, old)
+		}
+		b.tls[slot] = key
 	}
 	opts := retry.HTTPOptions{
 		DialContext:        b.dial,

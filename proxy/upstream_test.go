@@ -2,9 +2,15 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -53,6 +60,72 @@ upstreams:
 	}
 	if got := readAll(t, resp.Body); got != "tls=true proto=HTTP/1.1" {
 		t.Fatalf("upstream saw %q (status %d)", got, resp.StatusCode)
+	}
+}
+
+// TestTLSOriginationFollowsReloadedCA: a CA file rewritten and reloaded
+// takes effect on the next request (the transports are not kept by the
+// file's name).
+func TestTLSOriginationFollowsReloadedCA(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "another CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	other, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	writeCA := func(der []byte) {
+		if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := srv.Listener.Addr().(*net.TCPAddr)
+	pfile := filepath.Join(dir, "p.yaml")
+	doc := fmt.Sprintf("upstreams:\n  - host: 127.0.0.1\n    port: %d\n    protocol: http1\n    max_attempts: 1\n"+
+		"    tls:\n      enabled: true\n      ca_file: %s\n", addr.Port, ca)
+	if err := os.WriteFile(pfile, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeCA(other)
+	w, err := policy.NewWatcher(pfile, testLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, Config{Policy: w})
+	status := func() int {
+		resp, err := px.client().Get(fmt.Sprintf("http://127.0.0.1:%d/", addr.Port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp.Body)
+		return resp.StatusCode
+	}
+	if got := status(); got != http.StatusServiceUnavailable {
+		t.Fatalf("with a CA that did not sign the upstream: status %d, want 503", got)
+	}
+	writeCA(srv.Certificate().Raw)
+	if err := w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(); got != http.StatusOK {
+		t.Fatalf("after the CA file was rewritten and reloaded: status %d, want 200", got)
+	}
+	writeCA(other)
+	if err := w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(); got != http.StatusServiceUnavailable {
+		t.Fatalf("after the CA file was rewritten back: status %d, want 503", got)
 	}
 }
 

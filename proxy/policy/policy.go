@@ -131,6 +131,7 @@ type Upstream struct {
 
 	named     bool // Name came from the file, or host and port are fixed
 	tlsConfig *tls.Config
+	tlsID     string // digest of what tlsConfig was built from
 	refresher *Refresher
 	refresh   func(ctx context.Context, req *http.Request) error
 }
@@ -366,3 +367,9 @@ func (u *Upstream) TLSConfig() *tls.Config {
 	}
 	return u.tlsConfig.Clone()
 }
+
+// TLSConfigID identifies the content of TLSConfig: the settings and the
+// files (CA, client certificate and key) as they were read. Two upstreams
+// with the same ID speak TLS alike; the ID changes when a file does and
+// the policy is reloaded. "" when TLS origination is off.
+func (u *Upstream) TLSConfigID() string { return u.tlsID }

@@ -101,7 +101,7 @@ func TestExampleEveryField(t *testing.T) {
 			Dir: keys.dir},
 	}
 	got := *u
-	got.named, got.tlsConfig, got.refresher, got.refresh = false, nil, nil, nil
+	got.named, got.tlsConfig, got.tlsID, got.refresher, got.refresh = false, nil, "", nil, nil
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("upstreams[0]\n got %+v\nwant %+v", got, want)
 	}

@@ -1,10 +1,13 @@
 package policy
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -177,7 +180,7 @@ func (r *resolver) finish(u *Upstream, o origins, label string) {
 		u.Credential.RefreshTimeout = DefaultRefreshTimeout
 	}
 	if u.TLS.Enabled {
-		u.tlsConfig = r.tlsConfig(u, o)
+		u.tlsConfig, u.tlsID = r.tlsConfig(u, o)
 		if u.TLS.InsecureSkipVerify {
 			r.warnings = append(r.warnings, label+": tls.insecure_skip_verify: the upstream's certificate is not checked")
 		}
@@ -196,7 +199,10 @@ func (r *resolver) finish(u *Upstream, o origins, label string) {
 	}
 }
 
-func (r *resolver) tlsConfig(u *Upstream, o origins) *tls.Config {
+// tlsConfig builds u's TLS client configuration from its files, and a
+// digest of everything the configuration was built from (settings and file
+// contents).
+func (r *resolver) tlsConfig(u *Upstream, o origins) (*tls.Config, string) {
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         u.TLS.ServerName,
@@ -210,10 +216,14 @@ func (r *resolver) tlsConfig(u *Upstream, o origins) *tls.Config {
 	default:
 		cfg.NextProtos = []string{"h2", "http/1.1"}
 	}
+	id := sha256.New()
+	fmt.Fprintf(id, "%q %q %v\n", cfg.ServerName, cfg.NextProtos, cfg.InsecureSkipVerify)
 	ok := true
 	if f := u.TLS.CAFile; f != "" {
 		r.files = append(r.files, f)
 		pem, err := os.ReadFile(f)
+		fmt.Fprintf(id, "%d\n", len(pem))
+		id.Write(pem)
 		if err != nil {
 			r.errAt(o["tls.ca_file"].at, ErrFile, "%v", err)
 			ok = false
@@ -228,7 +238,7 @@ func (r *resolver) tlsConfig(u *Upstream, o origins) *tls.Config {
 	}
 	if u.TLS.CertFile != "" && u.TLS.KeyFile != "" {
 		r.files = append(r.files, u.TLS.CertFile, u.TLS.KeyFile)
-		pair, err := tls.LoadX509KeyPair(u.TLS.CertFile, u.TLS.KeyFile)
+		pair, err := loadKeyPair(u.TLS.CertFile, u.TLS.KeyFile, id)
 		if err != nil {
 			r.errAt(o["tls.cert_file"].at, ErrFile, "client certificate: %v", err)
 			ok = false
@@ -237,9 +247,26 @@ func (r *resolver) tlsConfig(u *Upstream, o origins) *tls.Config {
 		}
 	}
 	if !ok {
-		return nil
+		return nil, ""
 	}
-	return cfg
+	return cfg, hex.EncodeToString(id.Sum(nil))
+}
+
+// loadKeyPair is tls.LoadX509KeyPair that also writes the two files'
+// contents to id.
+func loadKeyPair(certFile, keyFile string, id io.Writer) (tls.Certificate, error) {
+	cert, err := os.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	fmt.Fprintf(id, "\n%d\n", len(cert))
+	id.Write(cert)
+	id.Write(key)
+	return tls.X509KeyPair(cert, key)
 }
 
 // hostKey identifies an upstream entry by what it matches.
@@ -329,7 +356,7 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 	nameAt := map[string]pos{}
 	for _, g := range groups {
 		u := def
-		u.refresher, u.refresh, u.tlsConfig = nil, nil, nil
+		u.refresher, u.refresh, u.tlsConfig, u.tlsID = nil, nil, nil, ""
 		o := make(origins, len(defOrigins)+8)
 		for k, v := range defOrigins {
 			o[k] = v

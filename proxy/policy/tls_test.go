@@ -116,3 +116,39 @@ func TestTLSConfigHandshake(t *testing.T) {
 		t.Errorf("insecure: %q %v", body, err)
 	}
 }
+
+// TLSConfigID follows the content the configuration was built from: equal
+// for upstreams that speak TLS alike, new when a file it read changed.
+func TestTLSConfigIDFollowsFiles(t *testing.T) {
+	dir := t.TempDir()
+	newPKI(t, dir)
+	path := writeFile(t, dir, "p.yaml", `upstreams:
+  - host: a.test
+    tls: {enabled: true, server_name: upstream.test, ca_file: ca.pem, cert_file: client.pem, key_file: client-key.pem}
+  - host: b.test
+    tls: {enabled: true, server_name: upstream.test, ca_file: ca.pem, cert_file: client.pem, key_file: client-key.pem}
+  - host: c.test
+    tls: {enabled: true, server_name: other.test, ca_file: ca.pem, cert_file: client.pem, key_file: client-key.pem}
+  - host: plain.test
+`)
+	ids := func() (a, b, c, plain string) {
+		t.Helper()
+		p, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Match("a.test", 443).TLSConfigID(), p.Match("b.test", 443).TLSConfigID(),
+			p.Match("c.test", 443).TLSConfigID(), p.Match("plain.test", 80).TLSConfigID()
+	}
+	a, b, c, plain := ids()
+	if a == "" || a != b || a == c || plain != "" {
+		t.Fatalf("ids a %q b %q c %q plain %q: want a == b, c different, plain empty", a, b, c, plain)
+	}
+	if again, _, _, _ := ids(); again != a {
+		t.Errorf("the same files read again: id %q, was %q", again, a)
+	}
+	newPKI(t, dir) // new CA and client pair under the same names
+	if rotated, _, _, _ := ids(); rotated == a {
+		t.Error("id unchanged after the CA and client files were rewritten")
+	}
+}
