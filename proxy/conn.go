@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/egret-proxy/egret/engine"
 )
 
 // Why a custom connection loop rather than net/http.Server: the proxy must
@@ -308,11 +310,12 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 	up, err := c.s.cfg.Dial(ctx, "tcp", target)
 	cancel()
 	if err != nil {
-		c.s.cfg.Metrics.request("not-sent")
-		c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: "not-sent",
+		notSent := engine.OutcomeNotSent.String()
+		c.s.cfg.Metrics.request(notSent)
+		c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent,
 			attempts: 1, msg: "CONNECT " + target + ": " + err.Error(), close: true})
 		c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", target, "attempts", 1,
-			"outcome", "not-sent", "status", http.StatusServiceUnavailable, "err", err.Error(),
+			"outcome", notSent, "status", http.StatusServiceUnavailable, "err", err.Error(),
 			"duration", time.Since(start))
 		return
 	}
