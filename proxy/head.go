@@ -124,16 +124,18 @@ var headReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 10
 // HTTP/1.x are refused.
 func parseHead(head []byte) (*http.Request, error) {
 	var hasCL, hasTE bool
-	lines := bytes.Split(head, []byte("\n"))
-	for _, l := range lines[1:] {
+	_, fields, _ := bytes.Cut(head, []byte("\n"))
+	for len(fields) > 0 {
+		var l []byte
+		l, fields, _ = bytes.Cut(fields, []byte("\n"))
 		name, _, ok := bytes.Cut(l, []byte(":"))
 		if !ok {
 			continue
 		}
-		switch strings.ToLower(string(name)) {
-		case "content-length":
+		switch {
+		case asciiLowerIs(name, "content-length"):
 			hasCL = true
-		case "transfer-encoding":
+		case asciiLowerIs(name, "transfer-encoding"):
 			hasTE = true
 		}
 	}
@@ -174,6 +176,22 @@ func parseHead(head []byte) (*http.Request, error) {
 		return nil, fmt.Errorf("%w: %q", ErrExpectation, e)
 	}
 	return req, nil
+}
+
+// asciiLowerIs reports whether b, with its ASCII letters lowered, is lower.
+func asciiLowerIs(b []byte, lower string) bool {
+	if len(b) != len(lower) {
+		return false
+	}
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // chunked reports whether the request's body is chunked.
