@@ -1,7 +1,6 @@
 package retry
 
 import (
-	"crypto/tls"
 	"errors"
 	"net"
 	"sync"
@@ -211,53 +210,41 @@ func (c *witnessConn) finalSnapshot() (witness.Counters, bool) {
 	return c.final, c.finalOK
 }
 
+// under finds the first connection that is a T in c's chain of wrappers:
+// c itself, then what its NetConn method returns (*tls.Conn and
+// witnessConn have one), at most four deep.
+func under[T any](c net.Conn) (T, bool) {
+	for range 4 {
+		if t, ok := c.(T); ok {
+			return t, true
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			break
+		}
+		c = u.NetConn()
+	}
+	var zero T
+	return zero, false
+}
+
 // witnessConnOf finds the witnessConn under c (through *tls.Conn).
 func witnessConnOf(c net.Conn) *witnessConn {
-	for range 4 {
-		switch v := c.(type) {
-		case *witnessConn:
-			return v
-		case *tls.Conn:
-			c = v.NetConn()
-		case interface{ NetConn() net.Conn }:
-			c = v.NetConn()
-		default:
-			return nil
-		}
-	}
-	return nil
+	wc, _ := under[*witnessConn](c)
+	return wc
 }
 
 // rawConnOf returns the socket under c, unwrapping *tls.Conn and any
 // connection with a NetConn method.
 func rawConnOf(c net.Conn) (syscall.RawConn, error) {
-	for range 4 {
-		if sc, ok := c.(syscall.Conn); ok {
-			return sc.SyscallConn()
-		}
-		switch v := c.(type) {
-		case *tls.Conn:
-			c = v.NetConn()
-		case interface{ NetConn() net.Conn }:
-			c = v.NetConn()
-		default:
-			return nil, witness.ErrUnsupported
-		}
+	if sc, ok := under[syscall.Conn](c); ok {
+		return sc.SyscallConn()
 	}
 	return nil, witness.ErrUnsupported
 }
 
 // lingererOf finds the connection under c that can set SO_LINGER.
 func lingererOf(c net.Conn) interface{ SetLinger(int) error } {
-	for range 4 {
-		if l, ok := c.(interface{ SetLinger(int) error }); ok {
-			return l
-		}
-		u, ok := c.(interface{ NetConn() net.Conn })
-		if !ok {
-			return nil
-		}
-		c = u.NetConn()
-	}
-	return nil
+	l, _ := under[interface{ SetLinger(int) error }](c)
+	return l
 }
