@@ -190,28 +190,36 @@ func run() error {
 		{"GET", "wrk.method = \"GET\"\n"},
 		{"POST 4KiB", "wrk.method = \"POST\"\nwrk.body = string.rep(\"p\", 4096)\nwrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n"},
 	}
+	// Rounds are interleaved across the targets, so that a change in the
+	// machine's load hits all three alike; each target's median is kept.
 	type key struct{ w, t string }
 	results := map[key]result{}
 	for wi, w := range workloads {
-		for _, tg := range targets {
-			script := filepath.Join(dir, fmt.Sprintf("w%d-%s.lua", wi, tg.name))
+		scripts := make([]string, len(targets))
+		for ti, tg := range targets {
+			scripts[ti] = filepath.Join(dir, fmt.Sprintf("w%d-%s.lua", wi, tg.name))
 			lua := w.lua + fmt.Sprintf("wrk.path = %q\nwrk.headers[\"Host\"] = %q\n", tg.path, upAddr)
-			if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
+			if err := os.WriteFile(scripts[ti], []byte(lua), 0o644); err != nil {
 				return err
 			}
 			if *warmup > 0 {
-				if _, err := runWrk(tg.addr, script, *warmup); err != nil {
+				if _, err := runWrk(tg.addr, scripts[ti], *warmup); err != nil {
 					return err
 				}
 			}
-			var rs []result
-			for range *rounds {
-				r, err := runWrk(tg.addr, script, *duration)
+		}
+		runs := make([][]result, len(targets))
+		for range *rounds {
+			for ti, tg := range targets {
+				r, err := runWrk(tg.addr, scripts[ti], *duration)
 				if err != nil {
 					return fmt.Errorf("%s %s: %w", w.name, tg.name, err)
 				}
-				rs = append(rs, r)
+				runs[ti] = append(runs[ti], r)
 			}
+		}
+		for ti, tg := range targets {
+			rs := runs[ti]
 			sort.Slice(rs, func(i, j int) bool { return rs[i].rps < rs[j].rps })
 			results[key{w.name, tg.name}] = rs[len(rs)/2]
 		}
@@ -228,7 +236,7 @@ func run() error {
 	fmt.Println("ratios (egret / haproxy, egret / direct); added p99 = p99 - direct p99:")
 	for _, w := range workloads {
 		d, h, e := results[key{w.name, "direct"}], results[key{w.name, "haproxy"}], results[key{w.name, "egret"}]
-		added := "n/a: haproxy added none"
+		added := "n/a: haproxy's p99 is not above direct's"
 		if h.p99 > d.p99 {
 			added = fmt.Sprintf("%.2f", float64(e.p99-d.p99)/float64(h.p99-d.p99))
 		}
