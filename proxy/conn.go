@@ -220,8 +220,7 @@ func (c *conn) refuse(req *http.Request, id string, start time.Time, status int,
 	if req != nil {
 		method, url = req.Method, req.URL.String()
 	}
-	c.s.cfg.Logger.Info("request", "id", id, "method", method, "url", url, "attempts", 0,
-		"outcome", labelRejected, "status", status, "err", msg, "duration", time.Since(start))
+	c.logRequest(requestLog{id: id, method: method, url: url, outcome: labelRejected, status: status, start: start, err: msg})
 }
 
 // answer is a response the proxy makes itself.
@@ -314,9 +313,8 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 		c.s.cfg.Metrics.request(notSent)
 		c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent,
 			attempts: 1, msg: "CONNECT " + target + ": " + err.Error(), close: true})
-		c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", target, "attempts", 1,
-			"outcome", notSent, "status", http.StatusServiceUnavailable, "err", err.Error(),
-			"duration", time.Since(start))
+		c.logRequest(requestLog{id: id, method: req.Method, url: target, attempts: 1, outcome: notSent,
+			status: http.StatusServiceUnavailable, start: start, err: err.Error()})
 		return
 	}
 	c.s.cfg.Metrics.request(labelRelayed)
@@ -328,8 +326,8 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 		return
 	}
 	c.c.SetWriteDeadline(time.Time{})
-	c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", target, "attempts", 1,
-		"outcome", "tunnel", "status", 200, "duration", time.Since(start))
+	c.logRequest(requestLog{id: id, method: req.Method, url: target, attempts: 1, outcome: "tunnel",
+		status: http.StatusOK, start: start})
 	pipe(&bufferedConn{Conn: c.c, r: c.br}, up, nil)
 }
 

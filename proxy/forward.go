@@ -478,10 +478,38 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 func (c *conn) logOutcome(req *http.Request, x *Exchange, attempts int, outcome string, status int, start time.Time, err error) {
-	attrs := []any{"id", x.ID, "method", req.Method, "url", req.URL.String(), "upstream", x.Upstream.Name,
-		"attempts", attempts, "outcome", outcome, "status", status, "duration", time.Since(start)}
+	msg := ""
 	if err != nil {
-		attrs = append(attrs, "err", err.Error())
+		msg = err.Error()
+	}
+	c.logRequest(requestLog{id: x.ID, method: req.Method, url: req.URL.String(), upstream: x.Upstream.Name,
+		attempts: attempts, outcome: outcome, status: status, start: start, err: msg})
+}
+
+// requestLog is the one log line of a request; empty upstream, zero status
+// and empty err are left out.
+type requestLog struct {
+	id, method, url, upstream string
+	attempts                  int
+	outcome                   string
+	status                    int
+	start                     time.Time
+	err                       string
+}
+
+func (c *conn) logRequest(l requestLog) {
+	attrs := make([]any, 0, 20)
+	attrs = append(attrs, "id", l.id, "method", l.method, "url", l.url)
+	if l.upstream != "" {
+		attrs = append(attrs, "upstream", l.upstream)
+	}
+	attrs = append(attrs, "attempts", l.attempts, "outcome", l.outcome)
+	if l.status != 0 {
+		attrs = append(attrs, "status", l.status)
+	}
+	attrs = append(attrs, "duration", time.Since(l.start))
+	if l.err != "" {
+		attrs = append(attrs, "err", l.err)
 	}
 	c.s.cfg.Logger.Info("request", attrs...)
 }
@@ -494,8 +522,7 @@ func (c *conn) upgrade(req *http.Request, head []byte, tg target, id string, sta
 		addr = net.JoinHostPort(tg.host, strconv.Itoa(tg.port))
 	}
 	prefix := append([]byte(nil), head...)
-	c.s.cfg.Logger.Info("request", "id", id, "method", req.Method, "url", req.URL.String(),
-		"attempts", 1, "outcome", "upgrade", "duration", time.Since(start))
+	c.logRequest(requestLog{id: id, method: req.Method, url: req.URL.String(), attempts: 1, outcome: "upgrade", start: start})
 	c.passthrough(ProtoUpgrade, addr, prefix)
 }
 
