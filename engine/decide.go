@@ -43,6 +43,13 @@ type Backoff struct {
 // DefaultBackoff is the spec's default: full jitter from 25 ms to 1 s.
 var DefaultBackoff = Backoff{Kind: FullJitter, Base: 25 * time.Millisecond, Max: time.Second}
 
+// The spec's defaults of max_attempts and min_attempt (section 7), which
+// the Go API and the proxy's embedded policy take too.
+const (
+	DefaultMaxAttempts = 3
+	DefaultMinAttempt  = 50 * time.Millisecond
+)
+
 // Rand is the random source of the jitter. *math/rand/v2.Rand satisfies it.
 type Rand interface {
 	// Int64N returns a uniform number in [0, n); n > 0.

@@ -66,9 +66,9 @@ type Policy struct {
 func DefaultPolicy(upstream string) Policy {
 	return Policy{
 		Upstream:    upstream,
-		MaxAttempts: 3,
+		MaxAttempts: engine.DefaultMaxAttempts,
 		Timeout:     15 * time.Second,
-		MinAttempt:  50 * time.Millisecond,
+		MinAttempt:  engine.DefaultMinAttempt,
 		Backoff:     engine.DefaultBackoff,
 		Budget:      engine.DefaultBudget,
 	}

@@ -74,9 +74,9 @@ func boolOr(p *bool) bool { return p != nil && *p }
 // out-of-range values are errors that name the field.
 func Parse(line []byte) (engine.Input, error) {
 	in := engine.Input{
-		MaxAttempts:  3,
+		MaxAttempts:  engine.DefaultMaxAttempts,
 		BudgetTokens: 10,
-		MinAttempt:   50 * time.Millisecond,
+		MinAttempt:   engine.DefaultMinAttempt,
 		Backoff:      engine.DefaultBackoff,
 	}
 	var l lineIn
