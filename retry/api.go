@@ -131,7 +131,10 @@ type Attempt struct {
 	Budget float64
 	// HiddenRetries counts connections net/http moved to inside this
 	// attempt (its own replay of a request on a pooled connection that
-	// died). The evidence then never claims not_sent; see Transport.
+	// died) after bytes of the request left on the previous one: each is
+	// a dispatch the upstream may have seen. The evidence then never
+	// claims not_sent; see Transport. A move after a write that failed
+	// before its first byte (net/http's "nothing written") is not one.
 	HiddenRetries int
 }
 

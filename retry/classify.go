@@ -37,10 +37,15 @@ type attemptTrace struct {
 	gotConns                  int
 	hidden                    int // connections switched to after a write on the previous one
 	conn                      net.Conn
-	wroteHeaders              bool
-	wroteRequest              bool
-	writeErr                  error
-	firstByte                 bool
+	// connWC is conn's witnessConn when the request has it to itself
+	// (nil otherwise: HTTP/2 carries other streams' bytes too) and
+	// connWritten its byte count when the request got the connection.
+	connWC       *witnessConn
+	connWritten  uint64
+	wroteHeaders bool
+	wroteRequest bool
+	writeErr     error
+	firstByte    bool
 	// mayHaveSent: some connection of this attempt (net/http may have
 	// retried on its own) got as far as writing the request.
 	mayHaveSent bool
@@ -82,12 +87,21 @@ func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
 func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.gotConns > 0 && (a.wroteHeaders || a.wroteRequest) {
-		// Something of the request went to the previous connection.
-		a.hidden++
+	if a.gotConns > 0 {
+		if a.wroteOnPrevLocked() {
+			// Something of the request went to the previous connection.
+			a.hidden++
+		}
+		// Only a connection that took bytes of the request may have
+		// carried it.
+		a.mayHaveSent = a.hidden > 0
 	}
 	a.gotConns++
 	a.conn = info.Conn
+	a.connWC, a.connWritten = nil, 0
+	if wc := witnessConnOf(info.Conn); wc != nil && !wc.shared {
+		a.connWC, a.connWritten = wc, wc.bytesWritten()
+	}
 	a.wroteHeaders, a.wroteRequest, a.writeErr, a.firstByte = false, false, nil, false
 	a.hasBefore = false
 	if a.w == nil || info.Conn == nil {
@@ -112,6 +126,21 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	if a.guardStale && info.Reused && a.hasBefore && wc != nil && !wc.shared {
 		wc.refuseIfStale()
 	}
+}
+
+// wroteOnPrevLocked reports whether the connection net/http is moving away
+// from took bytes of the request. The trace's WroteHeaders and WroteRequest
+// fire once the request is in net/http's buffer, before it is flushed: a
+// write that fails on a connection the upstream already reset (net/http
+// then replays the request on a new one, "nothing written") fires them
+// too. The socket's own count tells; a connection that is not ours (a Base
+// other than HTTPTransport) or is shared has none, and the trace's word
+// stands.
+func (a *attemptTrace) wroteOnPrevLocked() bool {
+	if a.connWC != nil {
+		return a.connWC.bytesWritten() != a.connWritten
+	}
+	return a.wroteHeaders || a.wroteRequest
 }
 
 func (a *attemptTrace) wroteReq(info httptrace.WroteRequestInfo) {

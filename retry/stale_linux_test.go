@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -143,5 +144,73 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 	}
 	if executed.Load() != 1 || srv.conns.Load() != 2 {
 		t.Fatalf("executed %d on %d connections", executed.Load(), srv.conns.Load())
+	}
+}
+
+// TestNothingWrittenReplayIsNotAHiddenRetry: a body-less DELETE gets 429
+// with Retry-After; during the wait the upstream resets the idle
+// keep-alive connection, and net/http has not noticed when the retry
+// reuses it. The retry's write fails before a byte leaves (the kernel
+// already holds the reset) and net/http replays it on a new connection by
+// itself: one dispatch, not two. The upstream saw two requests, and two
+// attempts is what the trace must say (Egret-Attempts adds HiddenRetries).
+func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
+	var arrivals atomic.Int64
+	resetDone := make(chan struct{})
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		br := bufio.NewReader(c)
+		for {
+			if _, _, err := readReq(br); err != nil {
+				return
+			}
+			if arrivals.Add(1) == 1 {
+				io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
+				time.Sleep(20 * time.Millisecond)
+				reset(c) // the idle connection, while the client waits out Retry-After
+				close(resetDone)
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &lazyReader{Conn: c}, nil
+	}})
+	t.Cleanup(base.CloseIdleConnections)
+	tr, _, _ := testTransport(t, nil)
+	tr.Base = base
+	tr.Witness = witness.TCPInfo{}
+	tr.Sleep = func(ctx context.Context, d time.Duration) error {
+		<-resetDone // the Retry-After wait ends just after the upstream's reset
+		time.Sleep(20 * time.Millisecond)
+		return ctx.Err()
+	}
+	req, err := http.NewRequest(http.MethodDelete, srv.url(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	if resp.StatusCode != 200 || len(trc.Attempts) != 2 {
+		t.Fatalf("status %d, attempts %+v", resp.StatusCode, trc.Attempts)
+	}
+	if srv.conns.Load() != 2 {
+		t.Fatalf("%d connections: the reset connection was not reused (the race did not happen)", srv.conns.Load())
+	}
+	dispatches := 0
+	for _, a := range trc.Attempts {
+		dispatches += 1 + a.HiddenRetries
+	}
+	if got := arrivals.Load(); int64(dispatches) != got {
+		t.Fatalf("dispatches counted %d (attempts %+v), upstream saw %d", dispatches, trc.Attempts, got)
 	}
 }

@@ -107,6 +107,13 @@ func (c *witnessConn) birthIfUnused() (witness.Counters, bool) {
 	return c.birth, c.hasBirth && c.written == c.bornAt && c.writing == 0
 }
 
+// bytesWritten is how many bytes the socket accepted from us so far.
+func (c *witnessConn) bytesWritten() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.written
+}
+
 func (c *witnessConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.frozen {
