@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -498,20 +499,26 @@ type requestLog struct {
 }
 
 func (c *conn) logRequest(l requestLog) {
-	attrs := make([]any, 0, 20)
-	attrs = append(attrs, "id", l.id, "method", l.method, "url", l.url)
+	log := c.s.cfg.Logger
+	if !log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	// slog.Attr values rather than key-value pairs: no boxing of each
+	// value, one array on the stack.
+	var buf [9]slog.Attr
+	attrs := append(buf[:0], slog.String("id", l.id), slog.String("method", l.method), slog.String("url", l.url))
 	if l.upstream != "" {
-		attrs = append(attrs, "upstream", l.upstream)
+		attrs = append(attrs, slog.String("upstream", l.upstream))
 	}
-	attrs = append(attrs, "attempts", l.attempts, "outcome", l.outcome)
+	attrs = append(attrs, slog.Int("attempts", l.attempts), slog.String("outcome", l.outcome))
 	if l.status != 0 {
-		attrs = append(attrs, "status", l.status)
+		attrs = append(attrs, slog.Int("status", l.status))
 	}
-	attrs = append(attrs, "duration", time.Since(l.start))
+	attrs = append(attrs, slog.Duration("duration", time.Since(l.start)))
 	if l.err != "" {
-		attrs = append(attrs, "err", l.err)
+		attrs = append(attrs, slog.String("err", l.err))
 	}
-	c.s.cfg.Logger.Info("request", attrs...)
+	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
 // upgrade passes a protocol-switching request (e.g. WebSocket) through to

@@ -59,12 +59,16 @@ func runProxy(c *cli.Context) error {
 			return cli.Exit("--metrics: "+err.Error(), 2)
 		}
 	}
+	// One line per request: batched, so that logging does not cost a
+	// write(2) per request (written out within logFlushEvery, and at exit).
+	lw := newLogWriter(c.App.ErrWriter)
+	defer lw.Close()
 	var h slog.Handler
 	switch c.String("log-format") {
 	case "text":
-		h = slog.NewTextHandler(c.App.ErrWriter, nil)
+		h = slog.NewTextHandler(lw, nil)
 	case "json":
-		h = slog.NewJSONHandler(c.App.ErrWriter, nil)
+		h = slog.NewJSONHandler(lw, nil)
 	default:
 		return cli.Exit("--log-format must be text or json", 2)
 	}
