@@ -16,9 +16,12 @@ import (
 	"github.com/egret-proxy/egret/proxy"
 )
 
-// resetFirst listens on ip and resets the first connection as soon as it
+// resetFirst listens on ip and resets the first connection shortly after it
 // is accepted (SO_LINGER 0 then close: a RST before the client wrote
-// anything); later connections are relayed to next.
+// anything); later connections are relayed to next. The pause lets the
+// client's connect complete first: a RST that lands while the dialer still
+// waits for the connect's result fails the dial itself (ECONNRESET), which is
+// not_sent without any witness and not the case this test is about.
 func resetFirst(t *testing.T, ip netip.Addr, next netip.AddrPort) netip.AddrPort {
 	t.Helper()
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
@@ -34,6 +37,7 @@ func resetFirst(t *testing.T, ip netip.Addr, next netip.AddrPort) netip.AddrPort
 				return
 			}
 			if n.Add(1) == 1 {
+				time.Sleep(50 * time.Millisecond)
 				c.(*net.TCPConn).SetLinger(0)
 				c.Close()
 				continue
