@@ -15,11 +15,13 @@ func App() *cli.App {
 	return &cli.App{
 		Name:  "egret",
 		Usage: "truthful egress HTTP retries for Kubernetes pods",
-		Commands: []*cli.Command{
+		// The agent's admin calls (status, pods, upstreams, explain) stand
+		// at the top as well as under `egret agent`.
+		Commands: append([]*cli.Command{
 			simulateCommand(),
 			proxyCommand(),
 			agentCommand(), runCommand(),
-		},
+		}, adminCommands()...),
 		HideHelpCommand: true,
 	}
 }
