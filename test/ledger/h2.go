@@ -185,16 +185,35 @@ func (hc *h2conn) write(fn func() error) error {
 	return hc.bw.Flush()
 }
 
-func (hc *h2conn) rst(id uint32, code http2.ErrCode) {
+// decide changes the connection's state under mu (a stream ended, a
+// GOAWAY) and writes the frame that tells the client, as one step under the
+// write lock: a GOAWAY's half-close (maybeFinishGoAway), which may follow
+// from the new state, cannot come between them and leave the client
+// without the frame.
+func (hc *h2conn) decide(change func(), frame func() error) error {
+	hc.wmu.Lock()
+	defer hc.wmu.Unlock()
 	hc.mu.Lock()
-	if x := hc.streams[id]; x != nil {
-		x.reset = true
-		delete(hc.streams, id)
-		hc.noteAnsweredLocked(x.head.id)
-	}
-	hc.cond.Broadcast()
+	change()
 	hc.mu.Unlock()
-	hc.write(func() error { return hc.fr.WriteRSTStream(id, code) })
+	if hc.s.frameDecided != nil {
+		hc.s.frameDecided(hc)
+	}
+	if err := frame(); err != nil {
+		return err
+	}
+	return hc.bw.Flush()
+}
+
+func (hc *h2conn) rst(id uint32, code http2.ErrCode) {
+	hc.decide(func() {
+		if x := hc.streams[id]; x != nil {
+			x.reset = true
+			delete(hc.streams, id)
+			hc.noteAnsweredLocked(x.head.id)
+		}
+		hc.cond.Broadcast()
+	}, func() error { return hc.fr.WriteRSTStream(id, code) })
 	hc.maybeFinishGoAway()
 }
 
@@ -282,13 +301,12 @@ func (hc *h2conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 		hc.rst(id, http2.ErrCodeRefusedStream)
 		return true
 	case flt.Kind == KindGoAway:
-		hc.mu.Lock()
-		hc.goingAway = true
-		hc.lastStream = prevMax
-		delete(hc.streams, id)
-		hc.noteAnsweredLocked(h.id)
-		hc.mu.Unlock()
-		hc.write(func() error { return hc.fr.WriteGoAway(prevMax, http2.ErrCodeNo, []byte("ledger fault goaway")) })
+		hc.decide(func() {
+			hc.goingAway = true
+			hc.lastStream = prevMax
+			delete(hc.streams, id)
+			hc.noteAnsweredLocked(h.id)
+		}, func() error { return hc.fr.WriteGoAway(prevMax, http2.ErrCodeNo, []byte("ledger fault goaway")) })
 		hc.maybeFinishGoAway()
 		return true
 	case flt.Kind == KindResetBeforeRead:
@@ -381,16 +399,22 @@ func (hc *h2conn) endRequest(x *h2stream) {
 		case KindCloseIdle:
 			if hc.s.sleep(f.Hold) {
 				hc.s.countIdleClose()
-				hc.mu.Lock()
-				hc.goingAway = true
-				hc.lastStream = hc.maxSeen
-				last := hc.lastStream
-				hc.mu.Unlock()
-				hc.write(func() error { return hc.fr.WriteGoAway(last, http2.ErrCodeNo, []byte("idle")) })
-				hc.maybeFinishGoAway()
+				hc.goAwayIdle()
 			}
 		}
 	}()
+}
+
+// goAwayIdle closes the connection as idle: GOAWAY above the last stream
+// seen, then the half-close once the streams below it are done.
+func (hc *h2conn) goAwayIdle() {
+	var last uint32
+	hc.decide(func() {
+		hc.goingAway = true
+		hc.lastStream = hc.maxSeen
+		last = hc.lastStream
+	}, func() error { return hc.fr.WriteGoAway(last, http2.ErrCodeNo, []byte("idle")) })
+	hc.maybeFinishGoAway()
 }
 
 // respond writes the answer on the stream; half writes the headers and
@@ -466,7 +490,12 @@ func (hc *h2conn) noteAnsweredLocked(id string) {
 
 // maybeFinishGoAway closes the connection once a GOAWAY was sent and every
 // stream it kept has finished.
+//
+// It decides under the write lock, so that a frame decided before (see
+// decide) is on the wire before the write side closes.
 func (hc *h2conn) maybeFinishGoAway() {
+	hc.wmu.Lock()
+	defer hc.wmu.Unlock()
 	hc.mu.Lock()
 	if !hc.goingAway {
 		hc.mu.Unlock()
@@ -487,7 +516,7 @@ func (hc *h2conn) maybeFinishGoAway() {
 	// Half-close and let the client close: closing with unread bytes in
 	// the receive buffer would send a RST that can destroy the answers the
 	// client has not read yet.
-	hc.write(func() error { return nil })
+	hc.bw.Flush()
 	if cw, ok := hc.c.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
 		hc.c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		return

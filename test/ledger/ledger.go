@@ -129,6 +129,10 @@ type Server struct {
 	IdleTimeout time.Duration
 	// Introspect serves IntrospectPrefix (set before listening).
 	Introspect bool
+
+	// frameDecided, when set (tests), runs on HTTP/2 between a stream's
+	// end being decided (RST_STREAM, GOAWAY) and its frame being written.
+	frameDecided func(*h2conn)
 }
 
 // New returns a server with no listener yet.

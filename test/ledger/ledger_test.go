@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -587,5 +588,60 @@ func TestH1ExpectContinue(t *testing.T) {
 	}
 	if r := s.Record("e"); len(r.Executions) != 1 || r.Executions[0].BodySize != 5 {
 		t.Fatalf("record %+v", r)
+	}
+}
+
+// TestH2RefusalNotLostToTheClose: a refusal (RST_STREAM REFUSED_STREAM, a
+// GOAWAY below the stream) is decided while something else on the
+// connection closes it (another request's close-idle GOAWAY, the end of a
+// GOAWAY's last kept stream). The client must still get the refusal frame
+// before the connection ends: without it a refused stream looks like one
+// the server took and dropped (an EOF, or a GOAWAY whose last stream
+// covers it), and a truthful client must call it sent.
+func TestH2RefusalNotLostToTheClose(t *testing.T) {
+	for _, tc := range []struct {
+		fault string
+		race  func(hc *h2conn) // what closes the connection meanwhile
+		check func(f http2.Frame) bool
+	}{
+		{"refused-stream", (*h2conn).goAwayIdle, func(f http2.Frame) bool {
+			rst, ok := f.(*http2.RSTStreamFrame)
+			return ok && rst.StreamID == 1 && rst.ErrCode == http2.ErrCodeRefusedStream
+		}},
+		{"goaway", (*h2conn).maybeFinishGoAway, func(f http2.Frame) bool {
+			ga, ok := f.(*http2.GoAwayFrame)
+			return ok && ga.LastStreamID == 0
+		}},
+	} {
+		t.Run(tc.fault, func(t *testing.T) {
+			s, addr := Start(t)
+			var first atomic.Bool
+			s.frameDecided = func(hc *h2conn) {
+				if first.Swap(true) {
+					return
+				}
+				done := make(chan struct{})
+				go func() { tc.race(hc); close(done) }()
+				// Give the close every chance to overtake the frame.
+				select {
+				case <-done:
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			hc := dialH2(t, addr)
+			hc.request(1, "r1", tc.fault, nil)
+			var frames []string
+			seen := false
+			for f := hc.next(t); f != nil; f = hc.next(t) {
+				frames = append(frames, fmt.Sprintf("%T", f))
+				seen = seen || tc.check(f)
+			}
+			if !seen {
+				t.Fatalf("the refusal never reached the client before the connection ended: frames %v", frames)
+			}
+			if s.Executions("r1") != 0 {
+				t.Fatalf("a refused stream executed")
+			}
+		})
 	}
 }
