@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
@@ -71,19 +72,17 @@ func (c *conn) lingeringClose() {
 	io.CopyN(io.Discard, c.c, lingerMax)
 }
 
-// waitRequest waits for the first byte of the next request. With nothing
+// waitRequest waits for the next request's first bytes. With nothing
 // buffered, the connection gives its reader back to the pool while it
 // waits, so that an idle keep-alive connection holds no buffer.
 func (c *conn) waitRequest() bool {
-	if c.br != nil && c.br.Buffered() > 0 {
+	if c.br != nil && (c.br.Buffered() > 0 || c.pr.pending()) {
 		return true
 	}
 	c.releaseReader()
-	n, err := c.c.Read(c.pr.first[:])
-	if n == 0 || err != nil && n == 0 {
+	if !c.pr.wait() {
 		return false
 	}
-	c.pr.pending = true
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.pr)
 	return true
@@ -97,18 +96,89 @@ func (c *conn) releaseReader() {
 	}
 }
 
-// prefixReader reads the byte waitRequest read, then the connection.
+// prefixReader reads what wait read, then the connection.
 type prefixReader struct {
-	c       net.Conn
-	first   [1]byte
-	pending bool
+	c      net.Conn
+	rc     syscall.RawConn // nil: c is not a socket (a test's pipe)
+	buf    *[]byte         // pooled, holding buf[off:n] not yet read
+	off, n int
+}
+
+func (r *prefixReader) init(c net.Conn) {
+	r.c = c
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			r.rc = rc
+		}
+	}
+}
+
+func (r *prefixReader) pending() bool { return r.off < r.n }
+
+// wait blocks until the connection has bytes (or ends, or its read
+// deadline passes) and reads what is there. On a socket it reads straight
+// into a pooled buffer when the kernel has data, and holds no buffer while
+// it waits for readiness: one read(2) for a request that is already there,
+// where a one-byte read and a buffered read took two (three for a 4 KiB
+// POST).
+func (r *prefixReader) wait() bool {
+	if r.rc == nil {
+		r.take()
+		n, err := r.c.Read((*r.buf)[:1])
+		if n == 0 || err != nil && n == 0 {
+			r.release()
+			return false
+		}
+		r.off, r.n = 0, n
+		return true
+	}
+	var n int
+	var rerr error
+	err := r.rc.Read(func(fd uintptr) bool {
+		r.take()
+		for {
+			n, rerr = syscall.Read(int(fd), *r.buf)
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		if rerr == syscall.EAGAIN {
+			r.release() // nothing held while waiting for readiness
+			return false
+		}
+		return true
+	})
+	if err != nil || rerr != nil || n <= 0 {
+		r.release()
+		return false
+	}
+	r.off, r.n = 0, n
+	return true
+}
+
+func (r *prefixReader) take() {
+	if r.buf == nil {
+		r.buf = prefixBufs.Get().(*[]byte)
+	}
+}
+
+// release gives the buffer back to the pool; what it held is dropped.
+func (r *prefixReader) release() {
+	if r.buf != nil {
+		prefixBufs.Put(r.buf)
+		r.buf = nil
+	}
+	r.off, r.n = 0, 0
 }
 
 func (r *prefixReader) Read(p []byte) (int, error) {
-	if r.pending && len(p) > 0 {
-		p[0] = r.first[0]
-		r.pending = false
-		return 1, nil
+	if r.off < r.n {
+		k := copy(p, (*r.buf)[r.off:r.n])
+		r.off += k
+		if r.off == r.n {
+			r.release()
+		}
+		return k, nil
 	}
 	return r.c.Read(p)
 }
@@ -117,6 +187,7 @@ var (
 	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
 	headBufs   = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+	prefixBufs = sync.Pool{New: func() any { b := make([]byte, 8192); return &b }}
 )
 
 func (c *conn) serve() {
@@ -127,9 +198,10 @@ func (c *conn) serve() {
 		}
 		c.c.Close()
 	}()
-	c.pr.c = c.c
+	c.pr.init(c.c)
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.pr)
+	defer c.pr.release()
 	defer c.releaseReader()
 	log := c.s.cfg.Logger
 	if c.s.cfg.Mode == Transparent {
