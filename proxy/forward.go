@@ -320,6 +320,15 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Excha
 		out.Body = http.NoBody
 	} else {
 		out.Body = body
+		if body.BodyKind() == engine.BodyReplayable {
+			// Held in memory: the first attempt reads it as the retries
+			// do, through a reader net/http knows to be in memory, so
+			// that the request head and body leave in one write(2)
+			// rather than the head flushed on its own.
+			if r, err := body.Reopen(); err == nil {
+				out.Body = r
+			}
+		}
 		out.ContentLength = body.Len() // -1: unknown, sent chunked
 		if body.BodyKind() != engine.BodyOneShot {
 			out.GetBody = body.Reopen

@@ -128,7 +128,10 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 		DisableCompression:     opts.DisableCompression,
 		MaxResponseHeaderBytes: opts.MaxResponseHeaderBytes,
 		ExpectContinueTimeout:  time.Second,
-		Protocols:              p,
+		// A request head and a body of up to about 12 KiB leave in one
+		// write(2) (net/http's 4 KiB buffer split a 4 KiB POST in two).
+		WriteBufferSize: 16 << 10,
+		Protocols:       p,
 		// No HTTP/2 inside net/http: an h2 connection there would retry
 		// on its own.
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
