@@ -509,3 +509,82 @@ func TestShutdownClosesIdleKeepAlive(t *testing.T) {
 		t.Error("the idle keep-alive connection is still open after Shutdown")
 	}
 }
+
+// slowReader delays every read after the first on an upstream connection,
+// so that the pool notices an upstream's close late.
+type slowReader struct {
+	net.Conn
+	reads atomic.Int64
+}
+
+func (s *slowReader) Read(p []byte) (int, error) {
+	if s.reads.Add(1) > 1 {
+		time.Sleep(1500 * time.Millisecond)
+	}
+	return s.Conn.Read(p)
+}
+
+func (s *slowReader) NetConn() net.Conn { return s.Conn }
+
+// TestAttemptsCountDispatchesNotReconnects: a DELETE gets 429 with
+// Retry-After; while egret waits, the upstream resets the idle keep-alive
+// connection, and the retry takes it from the pool before the pool noticed.
+// Its write fails before a byte leaves and net/http sends it on a new
+// connection: the upstream saw two requests, and Egret-Attempts says 2.
+func TestAttemptsCountDispatchesNotReconnects(t *testing.T) {
+	var arrivals, conns atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n := conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					arrivals.Add(1)
+					if n == 1 {
+						io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
+						time.Sleep(50 * time.Millisecond)
+						c.(*net.TCPConn).SetLinger(0) // reset the idle connection
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &slowReader{Conn: c}, nil
+	}
+	p := startProxy(t, Config{Dial: dial, Policy: mustPolicy(t, fastRetries)})
+	req, _ := http.NewRequest(http.MethodDelete, "http://"+ln.Addr().String()+"/x", nil)
+	resp, err := p.client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp.Body)
+	if resp.StatusCode != 200 || conns.Load() != 2 {
+		t.Fatalf("status %d on %d upstream connections (the reset connection was not reused)", resp.StatusCode, conns.Load())
+	}
+	checkEgretHeaders(t, resp, strconv.FormatInt(arrivals.Load(), 10))
+	if arrivals.Load() != 2 {
+		t.Fatalf("upstream saw %d requests, want 2", arrivals.Load())
+	}
+}
