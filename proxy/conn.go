@@ -102,13 +102,17 @@ type prefixReader struct {
 	rc     syscall.RawConn // nil: c is not a socket (a test's pipe)
 	buf    *[]byte         // pooled, holding buf[off:n] not yet read
 	off, n int
+	// readFn is r.readFD, made once: a closure per wait would escape.
+	readFn func(fd uintptr) bool
+	rn     int
+	rerr   error
 }
 
 func (r *prefixReader) init(c net.Conn) {
 	r.c = c
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
-			r.rc = rc
+			r.rc, r.readFn = rc, r.readFD
 		}
 	}
 }
@@ -132,27 +136,31 @@ func (r *prefixReader) wait() bool {
 		r.off, r.n = 0, n
 		return true
 	}
-	var n int
-	var rerr error
-	err := r.rc.Read(func(fd uintptr) bool {
-		r.take()
-		for {
-			n, rerr = syscall.Read(int(fd), *r.buf)
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-		if rerr == syscall.EAGAIN {
-			r.release() // nothing held while waiting for readiness
-			return false
-		}
-		return true
-	})
+	err := r.rc.Read(r.readFn)
+	n, rerr := r.rn, r.rerr
+	r.rerr = nil
 	if err != nil || rerr != nil || n <= 0 {
 		r.release()
 		return false
 	}
 	r.off, r.n = 0, n
+	return true
+}
+
+// readFD is wait's read on the socket: false (wait for readiness, holding
+// no buffer) when the kernel has nothing yet.
+func (r *prefixReader) readFD(fd uintptr) bool {
+	r.take()
+	for {
+		r.rn, r.rerr = syscall.Read(int(fd), *r.buf)
+		if r.rerr != syscall.EINTR {
+			break
+		}
+	}
+	if r.rerr == syscall.EAGAIN {
+		r.release()
+		return false
+	}
 	return true
 }
 

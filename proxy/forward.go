@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"os"
 	"strconv"
@@ -389,43 +391,25 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	defer resp.Body.Close()
 	tr, traced := retry.TraceOf(resp)
 	n := attemptsOf(tr, nil)
-	h := resp.Header.Clone()
-	removeHopHeaders(h)
-	cl := h.Get("Content-Length")
-	h.Del("Content-Length")
-	h.Set(HeaderRequestID, x.ID)
-	h.Set(HeaderAttempts, strconv.Itoa(n))
+	// The upstream's header is written as it is minus what removeHopHeaders
+	// would remove and the headers the proxy writes itself, without a copy.
+	ex := relayExclude(resp.Header)
+	get := func(k string) string {
+		if namedByConnection(resp.Header, k) {
+			return ""
+		}
+		return resp.Header.Get(k)
+	}
+	cl := get("Content-Length")
 	// Egret-Outcome on a relayed response is the runner's mark of an
 	// ambiguous status, never the upstream's own header.
-	ambiguous := h.Get(HeaderOutcome) == engine.OutcomeAmbiguous.String()
+	ambiguous := get(HeaderOutcome) == engine.OutcomeAmbiguous.String()
 	if traced {
 		ambiguous = tr.Outcome == engine.OutcomeAmbiguous
 	}
-	h.Del(HeaderOutcome)
-	outcome := labelRelayed
-	if ambiguous {
-		outcome = engine.OutcomeAmbiguous.String()
-		h.Set(HeaderOutcome, outcome)
-	}
+	outcome := outcomeLabel(ambiguous)
 	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
 		resp.StatusCode == http.StatusNotModified || resp.StatusCode < 200
-	chunk := false
-	switch {
-	case noBody:
-		if cl != "" && req.Method == http.MethodHead {
-			h.Set("Content-Length", cl)
-		}
-	case resp.ContentLength >= 0:
-		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
-	case req.ProtoAtLeast(1, 1):
-		h.Set("Transfer-Encoding", "chunked")
-		chunk = true
-	default:
-		keep = false // the end of the body is the end of the connection
-	}
-	if !keep {
-		h.Set("Connection", "close")
-	}
 	c.s.cfg.Metrics.request(outcome)
 	status := resp.StatusCode
 	text := http.StatusText(status)
@@ -433,9 +417,39 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 		text = t
 	}
 	c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	fmt.Fprintf(c.bw, "HTTP/1.1 %03d %s\r\n", status, text)
-	h.Write(c.bw)
-	c.bw.WriteString("\r\n")
+	bw := c.bw
+	bw.WriteString("HTTP/1.1 ")
+	for p := 100; p > 1 && status < p; p /= 10 { // %03d
+		bw.WriteByte('0')
+	}
+	bw.WriteString(strconv.Itoa(status))
+	bw.WriteByte(' ')
+	bw.WriteString(text)
+	bw.WriteString("\r\n")
+	resp.Header.WriteSubset(bw, ex)
+	writeField(bw, HeaderRequestID, x.ID)
+	writeField(bw, HeaderAttempts, strconv.Itoa(n))
+	if ambiguous {
+		writeField(bw, HeaderOutcome, outcome)
+	}
+	chunk := false
+	switch {
+	case noBody:
+		if cl != "" && req.Method == http.MethodHead {
+			writeField(bw, "Content-Length", cl)
+		}
+	case resp.ContentLength >= 0:
+		writeField(bw, "Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	case req.ProtoAtLeast(1, 1):
+		writeField(bw, "Transfer-Encoding", "chunked")
+		chunk = true
+	default:
+		keep = false // the end of the body is the end of the connection
+	}
+	if !keep {
+		writeField(bw, "Connection", "close")
+	}
+	bw.WriteString("\r\n")
 	var copyErr error
 	if !noBody {
 		copyErr = c.copyBody(resp.Body, chunk)
@@ -483,6 +497,79 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 			return err
 		}
 	}
+}
+
+// outcomeLabel is a relayed response's outcome.
+func outcomeLabel(ambiguous bool) string {
+	if ambiguous {
+		return engine.OutcomeAmbiguous.String()
+	}
+	return labelRelayed
+}
+
+// writeField writes one header field the proxy sets itself (a value it
+// made: no newline to replace).
+func writeField(w *bufio.Writer, k, v string) {
+	w.WriteString(k)
+	w.WriteString(": ")
+	w.WriteString(v)
+	w.WriteString("\r\n")
+}
+
+// relayExcludeBase is what a relayed response's header loses: the
+// hop-by-hop headers and the ones the proxy writes itself.
+var relayExcludeBase = func() map[string]bool {
+	m := map[string]bool{"Content-Length": true, HeaderRequestID: true, HeaderAttempts: true, HeaderOutcome: true}
+	for _, k := range hopHeaders {
+		m[k] = true
+	}
+	return m
+}()
+
+// relayExclude returns the header keys of h not to relay: relayExcludeBase,
+// plus (in a map of its own, when there are any) the headers a Connection
+// header names and the Proxy-* headers, as removeHopHeaders does.
+func relayExclude(h http.Header) map[string]bool {
+	var m map[string]bool
+	own := func() {
+		if m == nil {
+			m = make(map[string]bool, len(relayExcludeBase)+4)
+			for k := range relayExcludeBase {
+				m[k] = true
+			}
+		}
+	}
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				own()
+				m[textproto.CanonicalMIMEHeaderKey(f)] = true
+			}
+		}
+	}
+	for k := range h {
+		if strings.HasPrefix(k, "Proxy-") {
+			own()
+			m[k] = true
+		}
+	}
+	if m == nil {
+		return relayExcludeBase
+	}
+	return m
+}
+
+// namedByConnection reports whether a Connection header of h names the
+// header k (canonical), which removeHopHeaders would remove.
+func namedByConnection(h http.Header, k string) bool {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" && textproto.CanonicalMIMEHeaderKey(f) == k {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
