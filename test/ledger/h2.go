@@ -494,6 +494,12 @@ func (hc *h2conn) noteAnsweredLocked(id string) {
 // It decides under the write lock, so that a frame decided before (see
 // decide) is on the wire before the write side closes.
 func (hc *h2conn) maybeFinishGoAway() {
+	hc.mu.Lock()
+	going := hc.goingAway && !hc.finishing
+	hc.mu.Unlock()
+	if !going {
+		return // the common case, without waiting for the write lock
+	}
 	hc.wmu.Lock()
 	defer hc.wmu.Unlock()
 	hc.mu.Lock()
