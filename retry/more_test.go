@@ -21,6 +21,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/promtest"
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 // bodies records the bodies the server received.
@@ -456,7 +457,7 @@ func TestWriteFailureIsNeverNotSentWithoutProof(t *testing.T) {
 func TestIPv6Loopback(t *testing.T) {
 	ln, err := net.Listen("tcp", "[::1]:0")
 	if err != nil {
-		t.Skipf("no IPv6 loopback: %v", err)
+		testenv.Require(t, false, "IPv6 loopback: "+err.Error())
 	}
 	var hits atomic.Int64
 	srv := &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -22,6 +22,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 // rawH1 sends one request on conn c and reads the answer.
@@ -507,7 +509,7 @@ func TestIPv6AndIntrospection(t *testing.T) {
 	defer s.Close()
 	addr, err := s.Listen("tcp6", "[::1]:0")
 	if err != nil {
-		t.Skipf("no IPv6 loopback: %v", err)
+		testenv.Require(t, false, "IPv6 loopback: "+err.Error())
 	}
 	c, br := dial(t, addr)
 	resp, err := rawH1(t, c, br, "DELETE", "v6", "", nil)
