@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -17,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
 	"github.com/egret-proxy/egret/agent"
@@ -59,16 +56,6 @@ func agentCommand() *cli.Command {
 	}
 }
 
-func newLogger(c *cli.Context) (*slog.Logger, error) {
-	switch c.String("log-format") {
-	case "text":
-		return slog.New(slog.NewTextHandler(c.App.ErrWriter, nil)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, nil)), nil
-	}
-	return nil, cli.Exit("--log-format must be text or json", 2)
-}
-
 // kernelError turns a loader error into the message and status the
 // commands exit with: what is missing, exactly.
 func kernelError(err error) error {
@@ -88,7 +75,7 @@ func runAgent(c *cli.Context) error {
 	if c.String("pods") == "" {
 		return cli.Exit("agent needs --pods FILE", 2)
 	}
-	log, err := newLogger(c)
+	log, err := newLogger(c, c.App.ErrWriter)
 	if err != nil {
 		return err
 	}
@@ -171,17 +158,12 @@ func runAgent(c *cli.Context) error {
 		}()
 	}
 	if addr := c.String("metrics"); addr != "" {
-		mln, err := net.Listen("tcp", addr)
+		ms, err := serveMetrics(addr, reg, log)
 		if err != nil {
 			l.Close()
-			return cli.Exit("--metrics: "+err.Error(), 1)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go ms.Serve(mln)
 		defer ms.Close()
-		log.Info("egret metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	}
 	log.Info("egret agent running", "pods_file", src.Path(), "pods", len(src.Pods()), "pin_dir", l.PinDir(),
 		"cgroup", self, "listen_port", port, "adopted_pods", len(adopted), "admin", c.String("admin"))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os/signal"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
 	"github.com/egret-proxy/egret/proxy"
@@ -63,16 +61,10 @@ func runProxy(c *cli.Context) error {
 	// write(2) per request (written out within logFlushEvery, and at exit).
 	lw := newLogWriter(c.App.ErrWriter)
 	defer lw.Close()
-	var h slog.Handler
-	switch c.String("log-format") {
-	case "text":
-		h = slog.NewTextHandler(lw, nil)
-	case "json":
-		h = slog.NewJSONHandler(lw, nil)
-	default:
-		return cli.Exit("--log-format must be text or json", 2)
+	log, err := newLogger(c, lw)
+	if err != nil {
+		return err
 	}
-	log := slog.New(h)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -118,16 +110,10 @@ func runProxy(c *cli.Context) error {
 	}
 	var ms *http.Server
 	if metricsAddr != "" {
-		mln, err := net.Listen("tcp", metricsAddr)
-		if err != nil {
+		if ms, err = serveMetrics(metricsAddr, reg, log); err != nil {
 			ln.Close()
-			return cli.Exit("--metrics: "+err.Error(), 1)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		ms = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go ms.Serve(mln)
-		log.Info("egret metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	}
 	log.Info("egret proxy listening", "addr", ln.Addr().String(), "mode", "explicit", "policy", policyName)
 

@@ -81,7 +81,7 @@ func runRun(c *cli.Context) error {
 	if len(args) == 0 {
 		return cli.Exit("run needs a command: egret run [--netns host|new] -- CMD [ARGS...]", 2)
 	}
-	log, err := newLogger(c)
+	log, err := newLogger(c, c.App.ErrWriter)
 	if err != nil {
 		return err
 	}
