@@ -22,6 +22,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/internal/testenv"
@@ -405,7 +406,7 @@ func assertNothingLeft(t *testing.T, name string, progs []uint32) {
 	// Programs are freed after an RCU grace period: allow a moment.
 	deadline := time.Now().Add(5 * time.Second)
 	for _, id := range progs {
-		for progExists(id) {
+		for bpftest.ProgExists(id) {
 			if time.Now().After(deadline) {
 				t.Errorf("left behind: eBPF program %d", id)
 				break

@@ -1,22 +1,10 @@
 package e2e
 
 import (
-	"errors"
 	"log/slog"
 	"os"
 	"testing"
-
-	"github.com/cilium/ebpf"
 )
-
-func progExists(id uint32) bool {
-	p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
-	if err != nil {
-		return !errors.Is(err, os.ErrNotExist)
-	}
-	p.Close()
-	return true
-}
 
 type testWriter struct{ t *testing.T }
 

@@ -440,7 +440,7 @@ func NothingLeft(pinDir string, cgroups, attachedTo []string, progIDs []uint32) 
 	deadline := time.Now().Add(5 * time.Second)
 	for _, id := range progIDs {
 		for {
-			if !progExists(id) {
+			if !ProgExists(id) {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -8,7 +8,8 @@ import (
 	"github.com/cilium/ebpf/link"
 )
 
-func progExists(id uint32) bool {
+// ProgExists reports whether a program with this id is still loaded.
+func ProgExists(id uint32) bool {
 	p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist)
