@@ -1,6 +1,10 @@
 package agent
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/internal/promreg"
+)
 
 // metrics are the agent's own; the proxy's are registered beside them.
 type metrics struct {
@@ -40,12 +44,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Refused reloads of the pod source.",
 		}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.pods, m.events, m.failures, m.startTime, m.collected, m.sourceErrs} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	if err := promreg.Register(reg, m.pods, m.events, m.failures, m.startTime, m.collected, m.sourceErrs); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

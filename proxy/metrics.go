@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/internal/promreg"
 )
 
 // Metrics are the proxy's Prometheus metrics: what only the proxy sees
@@ -50,12 +52,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Client connections open now.",
 		}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.passthrough, m.tunnels, m.rejections, m.conns} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	if err := promreg.Register(reg, m.requests, m.passthrough, m.tunnels, m.rejections, m.conns); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

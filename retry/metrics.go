@@ -2,6 +2,8 @@ package retry
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/internal/promreg"
 )
 
 // Metrics counts what the Transport does. Register it once with
@@ -38,12 +40,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Connections net/http switched to inside one attempt (its own retry of a request on a dead pooled connection).",
 		}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.attempts, m.decisions, m.outcomes, m.upgrades, m.hidden} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	if err := promreg.Register(reg, m.attempts, m.decisions, m.outcomes, m.upgrades, m.hidden); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

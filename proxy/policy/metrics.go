@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/internal/promreg"
 )
 
 // metrics counts policy reloads. A nil *metrics records nothing.
@@ -33,10 +35,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Unix time of the last policy load that succeeded.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.reloads, m.lastOK, m.lastSuccess} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := promreg.Register(reg, m.reloads, m.lastOK, m.lastSuccess); err != nil {
+		return nil, err
 	}
 	// Both series exist from the start, so a rate over them is defined.
 	m.reloads.WithLabelValues("success")
