@@ -3,40 +3,17 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/egret-proxy/egret/agent/bpfload"
-	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 // TestGracefulRestartLosesNothing: SIGTERM closes the listeners first (new
 // connects go direct at once), lets in-flight requests finish, and leaves
 // the pinned state; the next agent adopts it. Under load, no request fails.
 func TestGracefulRestartLosesNothing(t *testing.T) {
-	testenv.RequireRoot(t)
-	name := Prefix + randHex(4)
-	top := filepath.Join(bpfload.CgroupRoot, name)
-	pin := filepath.Join(bpfload.BPFFSRoot, name)
-	t.Cleanup(func() {
-		removeCgroupTree(t, top)
-		assertNothingLeft(t, name, nil)
-	})
-	p := makePod(t, top, "web", podOpts{})
-	_, up := startLedger(t, p.host4)
-	dir := t.TempDir()
-	podsFile := filepath.Join(dir, "pods.yaml")
-	if err := os.WriteFile(podsFile, []byte(fmt.Sprintf("pods:\n  - name: web\n    cgroup: %s\n    netns: %s\n", p.cgroup, p.ns.Path())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	args := func(extra ...string) []string {
-		return append([]string{"--pods", podsFile, "--pin-dir", pin, "--cgroup", filepath.Join(top, "egret"),
-			"--admin", filepath.Join(dir, "admin.sock")}, extra...)
-	}
+	p, _, up, _, args := agentProcessSetup(t)
 	a1 := startAgent(t, args()...)
 	a1.waitRunning(t, "web")
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/test/ledger"
 )
 
 var (
@@ -130,7 +132,11 @@ func freeLoopbackAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
+// agentProcessSetup makes a pod "web" with a ledger upstream, a pods file
+// naming it, and the arguments for a real `egret agent` process serving it
+// (extra arguments appended); everything is removed, and checked gone, at
+// the end of the test.
+func agentProcessSetup(t *testing.T) (p *pod, led *ledger.Server, up netip.AddrPort, podsFile string, args func(extra ...string) []string) {
 	testenv.RequireRoot(t)
 	name := Prefix + randHex(4)
 	top := filepath.Join(bpfload.CgroupRoot, name)
@@ -139,18 +145,22 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 		removeCgroupTree(t, top)
 		assertNothingLeft(t, name, nil)
 	})
-	p := makePod(t, top, "web", podOpts{})
-	led, up := startLedger(t, p.host4)
-
+	p = makePod(t, top, "web", podOpts{})
+	led, up = startLedger(t, p.host4)
 	dir := t.TempDir()
-	podsFile := filepath.Join(dir, "pods.yaml")
+	podsFile = filepath.Join(dir, "pods.yaml")
 	if err := os.WriteFile(podsFile, []byte(fmt.Sprintf("pods:\n  - name: web\n    cgroup: %s\n    netns: %s\n", p.cgroup, p.ns.Path())), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := func(extra ...string) []string {
+	args = func(extra ...string) []string {
 		return append([]string{"--pods", podsFile, "--pin-dir", pin, "--cgroup", filepath.Join(top, "egret"),
 			"--admin", filepath.Join(dir, "admin.sock")}, extra...)
 	}
+	return p, led, up, podsFile, args
+}
+
+func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
+	p, led, up, podsFile, args := agentProcessSetup(t)
 	a1 := startAgent(t, args()...)
 	a1.waitRunning(t, "web")
 	if r := p.curl(t, url(up, "/")); r.Headers.Get("Egret-Request-Id") == "" {
