@@ -272,6 +272,15 @@ static __always_inline int remember(struct bpf_sock_addr *ctx, __u64 cgid,
 
 /* ---- redirection ---- */
 
+/* redirectable: a TCP connect from a socket that is not egret's own (UDP and
+ * egret's marked upstream sockets always go as they are). */
+static __always_inline int redirectable(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 0;
+	return ctx->sk && !is_egret_sock(ctx->sk);
+}
+
 SEC("cgroup/connect4")
 int egret_connect4(struct bpf_sock_addr *ctx)
 {
@@ -280,9 +289,7 @@ int egret_connect4(struct bpf_sock_addr *ctx)
 	__u16 port;
 	__u64 cgid = 0;
 
-	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
-		return 1;
-	if (!ctx->sk || is_egret_sock(ctx->sk))
+	if (!redirectable(ctx))
 		return 1;
 	pc = find_pod(&cgid);
 	if (!pc || !(pc->flags & EGRET_POD_HAS_V4))
@@ -317,9 +324,7 @@ int egret_connect6(struct bpf_sock_addr *ctx)
 	__u16 port;
 	__u64 cgid = 0;
 
-	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
-		return 1;
-	if (!ctx->sk || is_egret_sock(ctx->sk))
+	if (!redirectable(ctx))
 		return 1;
 	pc = find_pod(&cgid);
 	if (!pc)
