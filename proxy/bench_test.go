@@ -2,14 +2,19 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // BenchmarkKeepAliveGet: keep-alive GETs through the proxy in explicit mode.
@@ -130,4 +135,107 @@ func startProxyB(b *testing.B) *testProxy {
 	go s.Serve(ln)
 	b.Cleanup(func() { s.Shutdown(b.Context()) })
 	return &testProxy{Server: s, addr: ln.Addr().String()}
+}
+
+// BenchmarkProxySideGet: keep-alive GETs through the proxy with the attempt
+// runner replaced by a canned response, read by a client that allocates
+// nothing: what remains is the proxy's own side (head, upstream request,
+// relay, metrics, logging to a discarding handler).
+func BenchmarkProxySideGet(b *testing.B) {
+	benchProxySide(b, slog.New(slog.DiscardHandler))
+}
+
+// BenchmarkProxySideGetLogged: the same, with the request lines formatted
+// by a text handler (as `egret proxy` does) and dropped.
+func BenchmarkProxySideGetLogged(b *testing.B) {
+	benchProxySide(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// cannedRunner answers every request 200 with a two-byte body.
+type cannedRunner struct{}
+
+func (cannedRunner) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		io.Copy(io.Discard, req.Body)
+		req.Body.Close()
+	}
+	return &http.Response{
+		Status: "200 OK", StatusCode: 200, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{
+			"Content-Type":   {"text/plain; charset=utf-8"},
+			"Content-Length": {"2"},
+			"Date":           {"Wed, 02 Dec 2026 17:00:00 GMT"},
+		},
+		ContentLength: 2,
+		Body:          io.NopCloser(strings.NewReader("ok")),
+		Request:       req,
+	}, nil
+}
+
+func benchProxySide(b *testing.B, log *slog.Logger) {
+	// As `egret proxy` configures it.
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(Config{Runner: cannedRunner{}, Logger: log, Metrics: m, Via: "egret"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go s.Serve(ln)
+	b.Cleanup(func() { s.Shutdown(b.Context()) })
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	req := []byte("GET http://upstream.example:8080/path?q=1 HTTP/1.1\r\nHost: upstream.example:8080\r\n" +
+		"User-Agent: bench/1\r\nAccept: */*\r\nConnection: keep-alive\r\n\r\n")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		if err := readCanned(br); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// readCanned reads one response with a Content-Length body, allocating
+// nothing.
+func readCanned(br *bufio.Reader) error {
+	n := -1
+	for first := true; ; first = false {
+		l, err := br.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if first {
+			if !bytes.HasPrefix(l, []byte("HTTP/1.1 200 ")) {
+				return fmt.Errorf("status line %q", l)
+			}
+			continue
+		}
+		if len(l) <= 2 {
+			break
+		}
+		if v, ok := bytes.CutPrefix(l, []byte("Content-Length: ")); ok {
+			n = 0
+			for _, d := range bytes.TrimSpace(v) {
+				n = n*10 + int(d-'0')
+			}
+		}
+	}
+	if n < 0 {
+		return errors.New("no Content-Length")
+	}
+	_, err := br.Discard(n)
+	return err
 }
