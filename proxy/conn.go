@@ -26,7 +26,7 @@ import (
 // Content-Length), count header fields (net/http only bounds their size),
 // and abort the client connection when a relayed body breaks (net/http
 // would end a chunked body cleanly). So each connection is served here, and
-// net/http's parser (http.ReadRequest) is used on a head read with limits.
+// a head read with limits is parsed by parseHead.
 
 type connState uint8
 

@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
+	"net/url"
+	"strconv"
 	"strings"
-	"sync"
 
 	"golang.org/x/net/http/httpguts"
 )
@@ -116,12 +118,21 @@ func readLine(br *bufio.Reader, buf []byte, max int) ([]byte, error) {
 	}
 }
 
-var headReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}
-
 // parseHead parses a head read by readHead. The returned request has no
 // body yet (see attachBody). Framing is checked here: Content-Length with
 // Transfer-Encoding, an unsupported transfer coding and a version other than
 // HTTP/1.x are refused.
+//
+// It accepts and refuses what net/http.ReadRequest does (a request line of
+// three parts, a token method, an HTTP/X.Y version, a request target that
+// url.ParseRequestURI takes, header lines with a colon, token names and
+// values without control characters, no white space before the first
+// field, one Host, one Transfer-Encoding, Content-Length values that agree)
+// and answers with the same statuses, but it reads the head in one pass
+// and makes every string of the request a part of one copy of the head.
+// Obsolete line folding is replaced by a space, as net/http does. Unlike
+// net/http it does not add Cache-Control: no-cache to a request with
+// Pragma: no-cache: the proxy forwards the header it was sent.
 func parseHead(head []byte) (*http.Request, error) {
 	var hasCL, hasTE bool
 	_, fields, _ := bytes.Cut(head, []byte("\n"))
@@ -142,40 +153,345 @@ func parseHead(head []byte) (*http.Request, error) {
 	if hasCL && hasTE {
 		return nil, ErrLengthAndChunked
 	}
-	br := headReaders.Get().(*bufio.Reader)
-	br.Reset(bytes.NewReader(head))
-	req, err := http.ReadRequest(br)
-	br.Reset(nil)
-	headReaders.Put(br)
+
+	s := string(head) // the one copy: methods, targets, names and values are parts of it
+	line, rest := cutLine(s)
+	method, rest1, ok1 := strings.Cut(line, " ")
+	uri, proto, ok2 := strings.Cut(rest1, " ")
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("%w: malformed HTTP request %q", ErrBadRequest, line)
+	}
+	if !isToken(method) {
+		return nil, fmt.Errorf("%w: invalid method %q", ErrBadRequest, method)
+	}
+	major, minor, ok := http.ParseHTTPVersion(proto)
+	if !ok {
+		return nil, fmt.Errorf("%w: malformed HTTP version %q", ErrUnsupportedVersion, proto)
+	}
+	// CONNECT names an authority (host:port), or a path as net/rpc does.
+	rawURL := uri
+	authority := method == http.MethodConnect && !strings.HasPrefix(uri, "/")
+	if authority {
+		rawURL = "http://" + uri
+	}
+	u, err := url.ParseRequestURI(rawURL)
 	if err != nil {
-		if strings.Contains(err.Error(), "unsupported transfer encoding") {
-			return nil, fmt.Errorf("%w: %v", ErrUnsupportedCoding, err)
-		}
-		if strings.Contains(err.Error(), "malformed HTTP version") {
-			return nil, fmt.Errorf("%w: %v", ErrUnsupportedVersion, err)
-		}
 		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	for k, vs := range req.Header {
-		if !httpguts.ValidHeaderFieldName(k) {
-			return nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, k)
+	if authority {
+		u.Scheme = ""
+	}
+
+	h, badName, err := parseFields(rest)
+	if err != nil {
+		return nil, err
+	}
+	req := &http.Request{
+		Method:     method,
+		URL:        u,
+		Proto:      proto,
+		ProtoMajor: major,
+		ProtoMinor: minor,
+		Header:     h,
+		Body:       http.NoBody,
+		Host:       u.Host,
+		RequestURI: uri,
+	}
+	if hosts := h["Host"]; len(hosts) > 1 {
+		return nil, fmt.Errorf("%w: too many Host headers", ErrBadRequest)
+	} else if req.Host == "" && len(hosts) == 1 {
+		req.Host = hosts[0]
+	}
+	conns := h["Connection"]
+	switch {
+	case major < 1:
+		req.Close = true
+	case major == 1 && minor == 0:
+		req.Close = httpguts.HeaderValuesContainsToken(conns, "close") ||
+			!httpguts.HeaderValuesContainsToken(conns, "keep-alive")
+	default:
+		req.Close = httpguts.HeaderValuesContainsToken(conns, "close")
+	}
+
+	// Framing. Transfer-Encoding is ignored (and refused below) in an
+	// HTTP/1.0 request; an unset version counts as 1.1, as in net/http.
+	isChunked := false
+	if te, ok := h["Transfer-Encoding"]; ok {
+		delete(h, "Transfer-Encoding")
+		if major > 1 || major == 1 && minor >= 1 || major == 0 && minor == 0 {
+			if len(te) != 1 {
+				return nil, fmt.Errorf("%w: too many transfer encodings: %q", ErrBadRequest, te)
+			}
+			if !asciiEqualFold(te[0], "chunked") {
+				return nil, fmt.Errorf("%w: unsupported transfer encoding: %q", ErrUnsupportedCoding, te[0])
+			}
+			isChunked = true
 		}
-		for _, v := range vs {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				return nil, fmt.Errorf("%w: value of header field %q", ErrBadRequest, k)
+	}
+	if cls := h["Content-Length"]; len(cls) > 0 {
+		first := textproto.TrimString(cls[0])
+		for _, v := range cls[1:] {
+			if textproto.TrimString(v) != first {
+				return nil, fmt.Errorf("%w: multiple Content-Length headers; got %q", ErrBadRequest, cls)
+			}
+		}
+		if len(cls) > 1 {
+			h["Content-Length"] = cls[:1:1]
+			cls[0] = first
+		}
+		if first == "" {
+			return nil, fmt.Errorf("%w: invalid empty Content-Length", ErrBadRequest)
+		}
+		n, err := strconv.ParseUint(first, 10, 63)
+		if err != nil {
+			return nil, fmt.Errorf("%w: bad Content-Length %q", ErrBadRequest, first)
+		}
+		req.ContentLength = int64(n)
+	}
+	if isChunked {
+		delete(h, "Content-Length")
+		req.ContentLength = -1
+		req.TransferEncoding = []string{"chunked"}
+		if tr, ok := h["Trailer"]; ok {
+			delete(h, "Trailer")
+			if err := checkTrailerKeys(tr); err != nil {
+				return nil, err
 			}
 		}
 	}
-	if req.ProtoMajor != 1 {
-		return nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, req.Proto)
+
+	if badName != "" {
+		return nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, badName)
 	}
-	if hasTE && !(len(req.TransferEncoding) == 1 && req.TransferEncoding[0] == "chunked") {
+	if major != 1 {
+		return nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, proto)
+	}
+	if hasTE && !isChunked {
 		return nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
 	}
-	if e := req.Header.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
+	if e := h.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
 		return nil, fmt.Errorf("%w: %q", ErrExpectation, e)
 	}
+	delete(h, "Host") // it is req.Host, as net/http has it
 	return req, nil
+}
+
+// parseFields parses the header section (what follows the request line, up
+// to and including the empty line) into a header with canonical keys. A
+// name that is a token but for spaces is returned as badName rather than as
+// an error, because net/http refuses it only after the framing checks.
+func parseFields(s string) (h http.Header, badName string, err error) {
+	n := strings.Count(s, "\n")
+	vals := make([]string, n) // one array for the values; most names come once
+	h = make(http.Header, n)
+	for i := 0; ; i++ {
+		var line string
+		line, s = cutLine(s)
+		if line == "" {
+			return h, badName, nil
+		}
+		if i == 0 && (line[0] == ' ' || line[0] == '\t') {
+			return nil, "", fmt.Errorf("%w: white space before the first header field %q", ErrBadRequest, clip(line))
+		}
+		if strings.IndexByte(line, ':') < 0 {
+			return nil, "", fmt.Errorf("%w: header line without a colon %q", ErrBadRequest, clip(line))
+		}
+		kv := trimLWS(line)
+		// Obsolete line folding: a line that starts with white space
+		// continues the field, joined with one space.
+		if len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+			b := []byte(kv)
+			for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+				line, s = cutLine(s)
+				b = append(append(b, ' '), trimLWS(line)...)
+			}
+			kv = string(b)
+		}
+		k, v, _ := strings.Cut(kv, ":")
+		key, ok := canonicalKey(k)
+		if !ok {
+			if k == "" || !tokenOrSpace(k) {
+				return nil, "", fmt.Errorf("%w: header field name %q", ErrBadRequest, clip(k))
+			}
+			if badName == "" {
+				badName = k
+			}
+			key = k
+		}
+		for j := 0; j < len(v); j++ {
+			if c := v[j]; c < ' ' && c != '\t' || c == 0x7f {
+				return nil, "", fmt.Errorf("%w: value of header field %q", ErrBadRequest, clip(key))
+			}
+		}
+		v = strings.TrimLeft(v, " \t")
+		if vv := h[key]; vv != nil {
+			h[key] = append(vv, v)
+		} else if len(vals) > 0 {
+			vals[0] = v
+			h[key], vals = vals[:1:1], vals[1:]
+		} else {
+			h[key] = []string{v}
+		}
+	}
+}
+
+// cutLine cuts the first line off s: the line without its LF and a CR
+// before it (as bufio.Reader.ReadLine), and the rest after the LF.
+func cutLine(s string) (line, rest string) {
+	i := strings.IndexByte(s, '\n')
+	if i < 0 {
+		return s, ""
+	}
+	line, rest = s[:i], s[i+1:]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, rest
+}
+
+// trimLWS trims spaces and tabs at both ends (as net/textproto does with
+// a header line).
+func trimLWS(s string) string {
+	i, j := 0, len(s)
+	for i < j && (s[i] == ' ' || s[i] == '\t') {
+		i++
+	}
+	for j > i && (s[j-1] == ' ' || s[j-1] == '\t') {
+		j--
+	}
+	return s[i:j]
+}
+
+// clip shortens what an error quotes.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80]
+	}
+	return s
+}
+
+// tokenBytes marks the bytes of a token (RFC 9110 section 5.6.2).
+var tokenBytes = func() (t [256]bool) {
+	for c := range 128 {
+		t[c] = httpguts.IsTokenRune(rune(c))
+	}
+	return t
+}()
+
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !tokenBytes[s[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenOrSpace reports whether s has only token bytes and spaces.
+func tokenOrSpace(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !tokenBytes[s[i]] && s[i] != ' ' {
+			return false
+		}
+	}
+	return true
+}
+
+// canonicalKey returns the canonical form of the field name k
+// (Content-Type), or false if k is not a token. It allocates only for a
+// name sent in another form and not among the common ones.
+func canonicalKey(k string) (string, bool) {
+	if !isToken(k) {
+		return "", false
+	}
+	upper, canon := true, true
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			canon = false
+			break
+		}
+		upper = c == '-'
+	}
+	if canon {
+		return k, true
+	}
+	var buf [64]byte
+	b := buf[:0]
+	if len(k) > len(buf) {
+		b = make([]byte, 0, len(k))
+	}
+	upper = true
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if upper && 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		} else if !upper && 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+		upper = c == '-'
+	}
+	if common, ok := commonKeys[string(b)]; ok {
+		return common, true
+	}
+	return string(b), true
+}
+
+// commonKeys are field names a client may send in lower case (HTTP/2
+// habits, hand-written clients), interned so that they cost nothing.
+var commonKeys = func() map[string]string {
+	m := make(map[string]string)
+	for _, k := range []string{
+		"Accept", "Accept-Charset", "Accept-Encoding", "Accept-Language", "Authorization",
+		"Baggage", "Cache-Control", "Connection", "Content-Encoding", "Content-Length",
+		"Content-Type", "Cookie", "Date", "Expect", "Forwarded", "Host", "If-Match",
+		"If-Modified-Since", "If-None-Match", "If-Unmodified-Since", "Keep-Alive", "Origin",
+		"Pragma", "Proxy-Authorization", "Proxy-Connection", "Range", "Referer", "Te",
+		"Traceparent", "Tracestate", "Trailer", "Transfer-Encoding", "Upgrade", "User-Agent",
+		"Via", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
+		HeaderRequestID, HeaderTimeoutMs, "Idempotency-Key",
+	} {
+		m[k] = k
+	}
+	return m
+}()
+
+// checkTrailerKeys refuses a chunked request whose Trailer header announces
+// a field that must not be a trailer, as net/http does.
+func checkTrailerKeys(vs []string) error {
+	for _, v := range vs {
+		for f := range strings.SplitSeq(v, ",") {
+			switch http.CanonicalHeaderKey(textproto.TrimString(f)) {
+			case "Transfer-Encoding", "Trailer", "Content-Length":
+				return fmt.Errorf("%w: bad trailer key %q", ErrBadRequest, textproto.TrimString(f))
+			}
+		}
+	}
+	return nil
+}
+
+// asciiEqualFold reports whether s and t are equal, ASCII case folded.
+func asciiEqualFold(s, t string) bool {
+	if len(s) != len(t) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		a, b := s[i], t[i]
+		if 'A' <= a && a <= 'Z' {
+			a += 'a' - 'A'
+		}
+		if 'A' <= b && b <= 'Z' {
+			b += 'a' - 'A'
+		}
+		if a != b {
+			return false
+		}
+	}
+	return true
 }
 
 // asciiLowerIs reports whether b, with its ASCII letters lowered, is lower.
