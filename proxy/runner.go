@@ -126,3 +126,9 @@ func (s *Server) newRunner() http.RoundTripper {
 }
 
 var _ http.RoundTripper = baseRouter{}
+
+// TracesAttempts: each base is a retry.HTTPTransport, which reports the
+// attempts it runs to the runner directly (retry.DirectTracing).
+func (baseRouter) TracesAttempts() bool { return true }
+
+var _ retry.DirectTracing = baseRouter{}

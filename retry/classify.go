@@ -25,9 +25,9 @@ var errAttemptTimeout = errors.New("attempt timeout")
 // net/http's goroutines, hence the lock.
 type attemptTrace struct {
 	w witness.Witness
-	// guardStale: check a reused HTTP/1.1 connection for an upstream
-	// close before writing a non-idempotent request on it.
-	guardStale bool
+	// viaHTTPTrace: the hooks are in the request's context as an
+	// httptrace.ClientTrace (the base does not report directly).
+	viaHTTPTrace bool
 
 	mu                        sync.Mutex
 	dnsStart, dnsDone         bool
@@ -53,6 +53,8 @@ type attemptTrace struct {
 	hasBefore   bool
 }
 
+// clientTrace gives the attempt's hooks to net/http/httptrace, for the
+// bases that do not report to the attempt directly (see DirectTracing).
 func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{
 		DNSStart: func(httptrace.DNSStartInfo) { a.mu.Lock(); a.dnsStart = true; a.mu.Unlock() },
@@ -76,10 +78,40 @@ func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
 			a.mu.Unlock()
 		},
 		GotConn:              a.gotConn,
-		WroteHeaders:         func() { a.mu.Lock(); a.wroteHeaders, a.mayHaveSent = true, true; a.mu.Unlock() },
+		WroteHeaders:         a.wroteHeadersHook,
 		WroteRequest:         a.wroteReq,
-		GotFirstResponseByte: func() { a.mu.Lock(); a.firstByte = true; a.mu.Unlock() },
+		GotFirstResponseByte: a.gotFirstByte,
 	}
+}
+
+// attemptKey carries the attempt's trace in its request's context.
+type attemptKey struct{}
+
+// attemptOf returns the trace of the attempt ctx belongs to, nil if none.
+func attemptOf(ctx context.Context) *attemptTrace {
+	a, _ := ctx.Value(attemptKey{}).(*attemptTrace)
+	return a
+}
+
+// withHTTPTrace returns ctx with the attempt's httptrace hooks, for the
+// code that reports through httptrace only (dialers, HTTP/2).
+func withHTTPTrace(ctx context.Context) context.Context {
+	if a := attemptOf(ctx); a != nil && !a.viaHTTPTrace {
+		return httptrace.WithClientTrace(ctx, a.clientTrace())
+	}
+	return ctx
+}
+
+func (a *attemptTrace) wroteHeadersHook() {
+	a.mu.Lock()
+	a.wroteHeaders, a.mayHaveSent = true, true
+	a.mu.Unlock()
+}
+
+func (a *attemptTrace) gotFirstByte() {
+	a.mu.Lock()
+	a.firstByte = true
+	a.mu.Unlock()
 }
 
 // gotConn takes the witness's "before" snapshot: the request write starts
@@ -123,9 +155,6 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 		}
 	}
 	a.hasBefore = err == nil
-	if a.guardStale && info.Reused && a.hasBefore && wc != nil && !wc.shared {
-		wc.refuseIfStale()
-	}
 }
 
 // wroteOnPrevLocked reports whether the connection net/http is moving away
@@ -223,6 +252,8 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 	if a.gotConns == 0 {
 		// No connection yet: nothing of the request was written.
 		switch {
+		case errors.Is(err, ErrRequestInvalid):
+			return engine.RequestInvalid, StagePool
 		case isCertError(err):
 			return engine.TLSCertificate, StageTLS
 		case a.tlsStart && (!a.tlsDone || a.tlsErr != nil):

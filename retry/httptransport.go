@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-
-	"github.com/egret-proxy/egret/proxy/witness"
 )
 
 // HTTPOptions configures the one-attempt transport built by NewHTTPTransport.
@@ -77,7 +75,7 @@ func (e *DialError) Unwrap() error { return e.Err }
 // times). Every connection it opens can be watched by a kernel witness.
 type HTTPTransport struct {
 	opts  HTTPOptions
-	h1    *http.Transport
+	h1    *h1Pool
 	h2t   *http2.Transport
 	h2    *h2Pool
 	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -115,27 +113,7 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 		}
 		t.dial = d.DialContext // net.Dialer reports DNS and connect to httptrace itself
 	}
-	p := new(http.Protocols)
-	p.SetHTTP1(true)
-	t.h1 = &http.Transport{
-		Proxy:                  nil,
-		DialContext:            t.dialPlain,
-		DialTLSContext:         t.dialTLSH1,
-		MaxIdleConns:           0,
-		MaxIdleConnsPerHost:    opts.MaxIdleConnsPerHost,
-		MaxConnsPerHost:        opts.MaxConnsPerHost,
-		IdleConnTimeout:        opts.IdleConnTimeout,
-		DisableCompression:     opts.DisableCompression,
-		MaxResponseHeaderBytes: opts.MaxResponseHeaderBytes,
-		ExpectContinueTimeout:  time.Second,
-		// A request head and a body of up to about 12 KiB leave in one
-		// write(2) (net/http's 4 KiB buffer split a 4 KiB POST in two).
-		WriteBufferSize: 16 << 10,
-		Protocols:       p,
-		// No HTTP/2 inside net/http: an h2 connection there would retry
-		// on its own.
-		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
-	}
+	t.h1 = newH1Pool(t)
 	if opts.HTTP2 || opts.H2C {
 		t.h2t = &http2.Transport{
 			AllowHTTP:          true,
@@ -151,6 +129,10 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 	}
 	return t
 }
+
+// TracesAttempts reports that HTTPTransport reports attempts to a retry
+// Transport directly (DirectTracing).
+func (t *HTTPTransport) TracesAttempts() bool { return true }
 
 // RoundTrip runs one attempt. It never retries.
 func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -170,12 +152,12 @@ func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 	}
-	return t.h1.RoundTrip(req)
+	return t.h1.roundTrip(req)
 }
 
 // CloseIdleConnections closes every idle pooled connection.
 func (t *HTTPTransport) CloseIdleConnections() {
-	t.h1.CloseIdleConnections()
+	t.h1.closeIdle()
 	if t.h2 != nil {
 		t.h2.closeIdle()
 	}
@@ -194,7 +176,8 @@ func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string) (ne
 		return nil, &DialError{Op: "dial", Addr: addr, Err: err}
 	}
 	wc := newWitnessConn(c)
-	if w, ok := ctx.Value(witnessKey{}).(witness.Witness); ok {
+	if a := attemptOf(ctx); a != nil && a.w != nil {
+		w := a.w
 		// Armed from birth, so that a failure before the request is even
 		// handed to the connection leaves a snapshot.
 		wc.armAtBirth(w)
@@ -217,9 +200,6 @@ func tracedDial(dial func(ctx context.Context, network, addr string) (net.Conn, 
 		return c, err
 	}
 }
-
-// witnessKey carries the retry Transport's witness to the dialer.
-type witnessKey struct{}
 
 // dialTLSH1 is net/http's TLS dialer: a connection that already negotiated
 // http/1.1 by ALPN first, else a new one offering only http/1.1.
@@ -348,14 +328,13 @@ type h2Pool struct {
 var errH1 = errors.New("upstream negotiated http/1.1")
 
 func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
-	h2req := req
+	// x/net/http2 reports through httptrace only.
+	ctx := withHTTPTrace(req.Context())
+	h2req := req.WithContext(ctx)
 	if isEmptyBodyMarked(req) {
 		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
-		r := *req
-		r.Body, r.TransferEncoding = nil, nil
-		h2req = &r
+		h2req.Body, h2req.TransferEncoding = nil, nil
 	}
-	ctx := req.Context()
 	trace := httptrace.ContextClientTrace(ctx)
 	if trace != nil && trace.GetConn != nil {
 		trace.GetConn(addr)
@@ -365,7 +344,7 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.R
 	for try := 0; ; try++ {
 		c, reused, err := p.get(ctx, addr, useTLS)
 		if errors.Is(err, errH1) {
-			return p.t.h1.RoundTrip(req)
+			return p.t.h1.roundTrip(req)
 		}
 		if err != nil {
 			return nil, err

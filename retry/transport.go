@@ -106,7 +106,17 @@ type Transport struct {
 
 	once    sync.Once
 	base    http.RoundTripper
+	direct  bool // base reports attempts directly (DirectTracing)
 	budgets *engine.Budgets
+}
+
+// DirectTracing is implemented by a Base that reports each attempt's
+// progress (connection, request written, first response byte) to the
+// Transport itself, as HTTPTransport does; the Transport then spares the
+// net/http/httptrace hooks it gives any other Base. A Base that routes
+// each request to one of several HTTPTransports implements it too.
+type DirectTracing interface {
+	TracesAttempts() bool
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -116,6 +126,9 @@ func (t *Transport) init() {
 		t.base = t.Base
 		if t.base == nil {
 			t.base = NewHTTPTransport(HTTPOptions{})
+		}
+		if d, ok := t.base.(DirectTracing); ok {
+			t.direct = d.TracesAttempts()
 		}
 		t.budgets = t.Budgets
 		if t.budgets == nil {
@@ -416,10 +429,10 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 		actx, cancel = context.WithCancelCause(r.ctx)
 	}
 	ar.cancel = cancel
-	at := &attemptTrace{w: t.Witness, guardStale: t.Witness != nil && !r.idempotent}
-	actx = httptrace.WithClientTrace(actx, at.clientTrace())
-	if t.Witness != nil {
-		actx = context.WithValue(actx, witnessKey{}, t.Witness)
+	at := &attemptTrace{w: t.Witness, viaHTTPTrace: !t.direct}
+	actx = context.WithValue(actx, attemptKey{}, at)
+	if !t.direct {
+		actx = httptrace.WithClientTrace(actx, at.clientTrace())
 	}
 	var timer *attemptTimer
 	if r.pol.AttemptTimeout > 0 {

@@ -148,30 +148,6 @@ func (c *witnessConn) Close() error {
 	return c.Conn.Close()
 }
 
-// errStale is returned by writes on a pooled connection that the upstream
-// had closed before the request was written on it.
-var errStale = errors.New("pooled connection closed by the upstream before the request was written")
-
-// refuseIfStale freezes an idle pooled connection that the peer has closed
-// already, before a byte of the next request is written on it: the
-// attempt then fails with evidence the witness can prove (nothing left).
-// It reports whether it did.
-//
-// Bytes waiting on an idle plain HTTP/1.1 connection are an unsolicited
-// answer (net/http drops such a connection anyway); under TLS they may be
-// a session ticket, so only an end of stream counts there.
-func (c *witnessConn) refuseIfStale() bool {
-	if c.raw == nil {
-		return false
-	}
-	fin, pending := peerState(c.raw)
-	if !fin && (!pending || c.tls) {
-		return false
-	}
-	c.freezeWith(errStale)
-	return true
-}
-
 // freeze stops all writes and takes the final snapshot once.
 func (c *witnessConn) freeze() { c.freezeWith(errFrozen) }
 

@@ -1,0 +1,777 @@
+package retry
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/egret-proxy/egret/engine"
+)
+
+// Why an HTTP/1.1 client of our own rather than net/http's Transport: an
+// attempt must be exactly one dispatch on one connection, and it must be
+// cheap. net/http's Transport replays requests on its own (see Transport),
+// and runs every connection on two goroutines of its own that hand each
+// request and response back and forth; in a proxy that relays thousands of
+// small requests a second, those hand-offs cost more than the proxying.
+// h1Pool writes a request and reads its response on the caller's
+// goroutine, never moves a request to another connection once a byte of it
+// was written, and checks an idle connection for an upstream close before
+// it hands it out (a connection found closed is dropped before the request
+// is assigned to it: no attempt is spent on it).
+
+// defaultMaxResponseHeaderBytes bounds a response's status line and header
+// fields when HTTPOptions.MaxResponseHeaderBytes is 0.
+const defaultMaxResponseHeaderBytes = 1 << 20
+
+// Sizes of a connection's buffers: a request head and a body of up to about
+// 12 KiB leave in one write(2); larger bodies are written while the response
+// is read (the upstream may answer before it has read them).
+const (
+	h1ReadBuffer  = 4 << 10
+	h1WriteBuffer = 16 << 10
+	h1SyncBody    = 12 << 10
+)
+
+// errResponseHeaderTooLarge: the upstream's response head exceeded
+// MaxResponseHeaderBytes.
+var errResponseHeaderTooLarge = errors.New("response header exceeds the limit")
+
+// h1Pool pools HTTP/1.1 connections (plain and TLS) by scheme and address.
+type h1Pool struct {
+	t *HTTPTransport
+
+	mu       sync.Mutex
+	idle     map[string][]*h1Conn // most recently used last
+	open     map[string]int       // connections per key, counted with MaxConnsPerHost
+	waiters  map[string][]chan struct{}
+	sweeping bool
+}
+
+func newH1Pool(t *HTTPTransport) *h1Pool {
+	return &h1Pool{t: t, idle: make(map[string][]*h1Conn), open: make(map[string]int), waiters: make(map[string][]chan struct{})}
+}
+
+// h1Conn is one upstream connection; it carries one request at a time.
+type h1Conn struct {
+	p      *h1Pool
+	key    string
+	nc     net.Conn // a *witnessConn, or a *tls.Conn over one
+	wc     *witnessConn
+	tls    bool
+	lr     limitedReader
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	used   bool
+	idleAt time.Time
+	closed atomic.Bool
+}
+
+// limitedReader reads the connection, failing once more than n bytes were
+// read while n >= 0 (the response head's limit); n < 0: no limit.
+type limitedReader struct {
+	c net.Conn
+	n int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n < 0 {
+		return l.c.Read(p)
+	}
+	if l.n == 0 {
+		return 0, errResponseHeaderTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.c.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+func (c *h1Conn) close() {
+	if c.closed.Swap(true) {
+		return
+	}
+	c.nc.Close()
+	c.p.release(c.key)
+}
+
+// stale reports whether an idle connection can no longer carry a request:
+// the upstream closed or reset it, or (plain HTTP) sent bytes nobody asked
+// for. Under TLS pending bytes may be a session ticket, so only an end of
+// stream counts there.
+func (c *h1Conn) stale() bool {
+	if c.wc == nil || c.wc.raw == nil {
+		return false
+	}
+	fin, pending := peerState(c.wc.raw)
+	return fin || (pending && !c.tls)
+}
+
+// release forgets a closed connection of key and wakes one waiter.
+func (p *h1Pool) release(key string) {
+	if p.t.opts.MaxConnsPerHost <= 0 {
+		return
+	}
+	p.mu.Lock()
+	p.open[key]--
+	if p.open[key] <= 0 {
+		delete(p.open, key)
+	}
+	if w := p.waiters[key]; len(w) > 0 {
+		close(w[0])
+		p.waiters[key] = w[1:]
+		if len(p.waiters[key]) == 0 {
+			delete(p.waiters, key)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// get returns an idle connection of key that is still open, or reserves the
+// right to dial a new one (nil, nil), waiting for one while MaxConnsPerHost
+// are open.
+func (p *h1Pool) get(ctx context.Context, key string) (*h1Conn, error) {
+	limit := p.t.opts.MaxConnsPerHost
+	for {
+		p.mu.Lock()
+		for l := p.idle[key]; len(l) > 0; l = p.idle[key] {
+			c := l[len(l)-1]
+			l[len(l)-1] = nil
+			p.idle[key] = l[:len(l)-1]
+			if time.Since(c.idleAt) > p.t.opts.IdleConnTimeout || c.stale() {
+				p.mu.Unlock()
+				c.close()
+				p.mu.Lock()
+				continue
+			}
+			p.mu.Unlock()
+			return c, nil
+		}
+		if limit <= 0 || p.open[key] < limit {
+			if limit > 0 {
+				p.open[key]++
+			}
+			p.mu.Unlock()
+			return nil, nil
+		}
+		w := make(chan struct{})
+		p.waiters[key] = append(p.waiters[key], w)
+		p.mu.Unlock()
+		select {
+		case <-w:
+		case <-ctx.Done():
+			p.mu.Lock()
+			l := p.waiters[key]
+			for i, x := range l {
+				if x == w {
+					p.waiters[key] = append(l[:i], l[i+1:]...)
+					break
+				}
+			}
+			p.mu.Unlock()
+			select {
+			case <-w: // woken meanwhile: pass it on
+				p.wakeOne(key)
+			default:
+			}
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (p *h1Pool) wakeOne(key string) {
+	p.mu.Lock()
+	if w := p.waiters[key]; len(w) > 0 {
+		close(w[0])
+		p.waiters[key] = w[1:]
+	}
+	p.mu.Unlock()
+}
+
+// put returns a connection whose exchange ended cleanly to the pool.
+func (p *h1Pool) put(c *h1Conn) {
+	c.used = true
+	c.idleAt = time.Now()
+	p.mu.Lock()
+	if len(p.idle[c.key]) >= p.t.opts.MaxIdleConnsPerHost {
+		p.mu.Unlock()
+		c.close()
+		return
+	}
+	p.idle[c.key] = append(p.idle[c.key], c)
+	if w := p.waiters[c.key]; len(w) > 0 {
+		close(w[0])
+		p.waiters[c.key] = w[1:]
+	}
+	sweep := !p.sweeping
+	p.sweeping = true
+	p.mu.Unlock()
+	if sweep {
+		time.AfterFunc(p.t.opts.IdleConnTimeout, p.sweep)
+	}
+}
+
+// sweep closes the connections idle for longer than IdleConnTimeout, and
+// runs again while any are idle.
+func (p *h1Pool) sweep() {
+	var old []*h1Conn
+	p.mu.Lock()
+	any := false
+	for key, l := range p.idle {
+		live := l[:0]
+		for _, c := range l {
+			if time.Since(c.idleAt) > p.t.opts.IdleConnTimeout {
+				old = append(old, c)
+				continue
+			}
+			live = append(live, c)
+		}
+		clear(l[len(live):])
+		if len(live) == 0 {
+			delete(p.idle, key)
+		} else {
+			p.idle[key] = live
+			any = true
+		}
+	}
+	p.sweeping = any
+	p.mu.Unlock()
+	for _, c := range old {
+		c.close()
+	}
+	if any {
+		time.AfterFunc(p.t.opts.IdleConnTimeout/2, p.sweep)
+	}
+}
+
+func (p *h1Pool) closeIdle() {
+	p.mu.Lock()
+	var all []*h1Conn
+	for key, l := range p.idle {
+		all = append(all, l...)
+		delete(p.idle, key)
+	}
+	p.mu.Unlock()
+	for _, c := range all {
+		c.close()
+	}
+}
+
+// dial opens a new connection for key.
+func (p *h1Pool) dial(ctx context.Context, key, scheme, addr string) (*h1Conn, error) {
+	var nc net.Conn
+	var err error
+	if scheme == "https" {
+		nc, err = p.t.dialTLSH1(ctx, "tcp", addr)
+	} else {
+		nc, err = p.t.dialPlain(ctx, "tcp", addr)
+	}
+	if err != nil {
+		if p.t.opts.MaxConnsPerHost > 0 {
+			p.release(key)
+		}
+		return nil, err
+	}
+	c := &h1Conn{p: p, key: key, nc: nc, wc: witnessConnOf(nc), tls: scheme == "https"}
+	c.lr.c = nc
+	c.br = bufio.NewReaderSize(&c.lr, h1ReadBuffer)
+	c.bw = bufio.NewWriterSize(nc, h1WriteBuffer)
+	return c, nil
+}
+
+// roundTrip runs one attempt of req on an HTTP/1.1 connection. It never
+// retries and never moves the request to another connection.
+func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
+	if err := validHeader(req); err != nil {
+		return nil, err
+	}
+	scheme := req.URL.Scheme
+	addr := canonicalAddr(req.URL)
+	key := scheme + "://" + addr
+	ctx := req.Context()
+	h := hooks{at: attemptOf(ctx), ct: httptrace.ContextClientTrace(ctx)}
+	if h.at != nil && h.at.viaHTTPTrace {
+		h.at = nil // it is in ct
+	}
+	if h.ct != nil && h.ct.GetConn != nil {
+		h.ct.GetConn(addr)
+	}
+	c, err := p.get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		if c, err = p.dial(withHTTPTrace(ctx), key, scheme, addr); err != nil {
+			return nil, err
+		}
+	}
+	info := httptrace.GotConnInfo{Conn: c.nc, Reused: c.used}
+	if c.used {
+		info.WasIdle, info.IdleTime = true, time.Since(c.idleAt)
+	}
+	h.gotConn(info)
+	return c.exchange(ctx, req, h)
+}
+
+// hooks are what an exchange reports to: the retry Transport's attempt
+// directly, and any httptrace.ClientTrace of the request's context.
+type hooks struct {
+	at *attemptTrace
+	ct *httptrace.ClientTrace
+}
+
+func (h hooks) gotConn(info httptrace.GotConnInfo) {
+	if h.at != nil {
+		h.at.gotConn(info)
+	}
+	if h.ct != nil && h.ct.GotConn != nil {
+		h.ct.GotConn(info)
+	}
+}
+
+func (h hooks) wroteHeaders() {
+	if h.at != nil {
+		h.at.wroteHeadersHook()
+	}
+	if h.ct != nil && h.ct.WroteHeaders != nil {
+		h.ct.WroteHeaders()
+	}
+}
+
+func (h hooks) wroteRequest(err error) {
+	info := httptrace.WroteRequestInfo{Err: err}
+	if h.at != nil {
+		h.at.wroteReq(info)
+	}
+	if h.ct != nil && h.ct.WroteRequest != nil {
+		h.ct.WroteRequest(info)
+	}
+}
+
+func (h hooks) firstByte() {
+	if h.at != nil {
+		h.at.gotFirstByte()
+	}
+	if h.ct != nil && h.ct.GotFirstResponseByte != nil {
+		h.ct.GotFirstResponseByte()
+	}
+}
+
+// aLongTimeAgo is a deadline that has passed: it interrupts blocked I/O.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// exchange writes req and reads the response head. On success the response
+// body owns the connection: it returns it to the pool at its end.
+func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*http.Response, error) {
+	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(aLongTimeAgo) })
+	cause := func(err error) error {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return err
+	}
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		c.close()
+		return nil, cause(err)
+	}
+
+	body, cl, chunked, err := outgoingBody(req)
+	if err != nil {
+		return fail(err)
+	}
+	c.writeHead(req, cl, chunked)
+	h.wroteHeaders()
+	var wdone chan error
+	var headRead atomic.Bool
+	if body == nil || (!chunked && cl <= h1SyncBody && inMemory(body)) {
+		// Head and body leave in one write(2).
+		werr := c.writeBody(body, cl, false, false)
+		if werr == nil {
+			werr = c.bw.Flush()
+		}
+		h.wroteRequest(werr)
+		if werr != nil {
+			return fail(werr)
+		}
+	} else {
+		// A body that streams from elsewhere, or a large one: the head
+		// leaves now, the body as it comes, while the response is read
+		// (the upstream may answer before it has read it all).
+		if werr := c.bw.Flush(); werr != nil {
+			h.wroteRequest(werr)
+			return fail(werr)
+		}
+		wdone = make(chan error, 1)
+		go func() {
+			werr := c.writeBody(body, cl, chunked, true)
+			if werr == nil {
+				werr = c.bw.Flush()
+			}
+			h.wroteRequest(werr)
+			if werr != nil && !headRead.Load() {
+				// The request cannot be completed: stop waiting for an
+				// answer to it.
+				c.nc.SetReadDeadline(aLongTimeAgo)
+			}
+			wdone <- werr
+		}()
+	}
+
+	resp, err := c.readHead(req, h)
+	if err != nil {
+		if wdone != nil {
+			// Stop the body's write; the connection freezes for the
+			// witness when it closes.
+			c.nc.SetWriteDeadline(aLongTimeAgo)
+		}
+		return fail(err)
+	}
+	headRead.Store(true)
+	if tc, ok := c.nc.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		resp.TLS = &st
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		stop()
+		c.lr.n = -1
+		resp.Body = &h1Upgraded{c: c}
+		return resp, nil
+	}
+	resp.Body = &h1Body{c: c, rc: resp.Body, stop: stop, cause: cause, wdone: wdone,
+		keep: !resp.Close && !req.Close}
+	return resp, nil
+}
+
+// outgoingBody tells how req's body goes on the wire: nil for none, else
+// with its length, or chunked when the length is unknown.
+func outgoingBody(req *http.Request) (body io.Reader, cl int64, chunked bool, err error) {
+	if req.Body == nil || req.Body == http.NoBody || isEmptyBodyMarked(req) {
+		return nil, 0, false, nil
+	}
+	switch {
+	case req.ContentLength > 0:
+		return req.Body, req.ContentLength, false, nil
+	case req.ContentLength < 0:
+		return req.Body, -1, true, nil
+	}
+	// A body with ContentLength 0: maybe empty, maybe of unknown length.
+	var one [1]byte
+	n, rerr := io.ReadFull(req.Body, one[:])
+	if n == 0 {
+		if rerr != nil && rerr != io.EOF {
+			return nil, 0, false, rerr
+		}
+		return nil, 0, false, nil
+	}
+	return io.MultiReader(bytesReader(one[:]), req.Body), -1, true, nil
+}
+
+func bytesReader(b []byte) io.Reader {
+	c := make([]byte, len(b))
+	copy(c, b)
+	return &byteSliceReader{b: c}
+}
+
+type byteSliceReader struct{ b []byte }
+
+func (r *byteSliceReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// sendsZeroLength: methods whose body-less requests say Content-Length: 0
+// (as net/http's do).
+func sendsZeroLength(method string) bool {
+	return method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch
+}
+
+// validHeader refuses a request no upstream should see: a bad method, or a
+// header field name or value that is not valid HTTP.
+func validHeader(req *http.Request) error {
+	if req.Method != "" && !validMethod(req.Method) {
+		return fmt.Errorf("%w: method %q", ErrRequestInvalid, req.Method)
+	}
+	for k, vv := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, k)
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return fmt.Errorf("%w: value of header field %q", ErrRequestInvalid, k)
+			}
+		}
+	}
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	if !httpguts.ValidHostHeader(host) {
+		return fmt.Errorf("%w: host %q", ErrRequestInvalid, host)
+	}
+	return nil
+}
+
+func validMethod(m string) bool {
+	for i := 0; i < len(m); i++ {
+		if !httpguts.IsTokenRune(rune(m[i])) {
+			return false
+		}
+	}
+	return true
+}
+
+// skipHeader: fields written from the request's own fields, never from
+// its header map.
+var skipHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
+
+// writeHead writes the request line and header fields to the connection's
+// buffer.
+func (c *h1Conn) writeHead(req *http.Request, cl int64, chunked bool) {
+	bw := c.bw
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	bw.WriteString(method)
+	bw.WriteByte(' ')
+	uri := req.URL.RequestURI()
+	if method == http.MethodConnect && req.URL.Path == "" {
+		uri = req.URL.Host
+	}
+	bw.WriteString(uri)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+	for k, vv := range req.Header {
+		if skipHeader[k] {
+			continue
+		}
+		for _, v := range vv {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+	switch {
+	case chunked:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	case cl > 0 || sendsZeroLength(method):
+		var num [20]byte
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(num[:0], cl, 10))
+		bw.WriteString("\r\n")
+	}
+	if req.Close && !httpguts.HeaderValuesContainsToken(req.Header["Connection"], "close") {
+		bw.WriteString("Connection: close\r\n")
+	}
+	bw.WriteString("\r\n")
+}
+
+// writeBody writes the body to the connection's buffer: exactly cl bytes,
+// or chunked. stream flushes each piece as it is read (a body that comes
+// from a client goes on as it comes); otherwise the buffer is flushed when
+// it fills, and by the caller at the end.
+func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error {
+	if body == nil {
+		return nil
+	}
+	if !chunked && !stream {
+		n, err := io.CopyN(c.bw, body, cl)
+		if err == io.EOF {
+			return fmt.Errorf("%w: request body ended after %d of its %d bytes", ErrRequestInvalid, n, cl)
+		}
+		return err
+	}
+	bp := chunkBufs.Get().(*[]byte)
+	defer chunkBufs.Put(bp)
+	var num [16]byte
+	var sent int64
+	for {
+		buf := *bp
+		if !chunked {
+			if sent == cl {
+				return nil
+			}
+			if int64(len(buf)) > cl-sent {
+				buf = buf[:cl-sent]
+			}
+		}
+		n, err := body.Read(buf)
+		if n > 0 {
+			sent += int64(n)
+			if chunked {
+				c.bw.Write(strconv.AppendInt(num[:0], int64(n), 16))
+				c.bw.WriteString("\r\n")
+			}
+			c.bw.Write(buf[:n])
+			if chunked {
+				c.bw.WriteString("\r\n")
+			}
+			if stream {
+				if werr := c.bw.Flush(); werr != nil {
+					return werr
+				}
+			}
+		}
+		switch {
+		case err == io.EOF && chunked:
+			_, werr := c.bw.WriteString("0\r\n\r\n")
+			return werr
+		case err == io.EOF && sent < cl:
+			return fmt.Errorf("%w: request body ended after %d of its %d bytes", ErrRequestInvalid, sent, cl)
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+}
+
+// inMemory reports whether reading body cannot wait on anything (a byte or
+// string reader, a file): then a small one goes out with the head in one
+// write. Readers that wrap them with io.NopCloser keep their WriteTo.
+func inMemory(body io.Reader) bool {
+	switch body.(type) {
+	case *bytes.Reader, *strings.Reader, *bytes.Buffer, *os.File:
+		return true
+	}
+	if k, ok := body.(interface{ BodyKind() engine.Body }); ok {
+		return k.BodyKind() == engine.BodyReplayable || k.BodyKind() == engine.BodyReopenable
+	}
+	_, ok := body.(io.WriterTo)
+	return ok
+}
+
+var chunkBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
+// readHead reads the response head, passing over 1xx responses other than
+// 101.
+func (c *h1Conn) readHead(req *http.Request, h hooks) (*http.Response, error) {
+	limit := int64(c.p.t.opts.MaxResponseHeaderBytes)
+	if limit <= 0 {
+		limit = defaultMaxResponseHeaderBytes
+	}
+	first := true
+	for {
+		// The limit counts what is read from the socket from here on; bytes
+		// already buffered were read under an earlier head's.
+		c.lr.n = limit
+		if _, err := c.br.Peek(1); err != nil {
+			c.lr.n = -1
+			return nil, err
+		}
+		if first {
+			h.firstByte()
+		}
+		first = false
+		resp, err := http.ReadResponse(c.br, req)
+		c.lr.n = -1
+		if err != nil {
+			return nil, fmt.Errorf("reading the response head: %w", err)
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue
+		}
+		return resp, nil
+	}
+}
+
+// h1Body is a response body on an h1Conn: at its end the connection goes
+// back to the pool (if the exchange allows another), on an error or an
+// early Close it is closed.
+type h1Body struct {
+	c     *h1Conn
+	rc    io.ReadCloser
+	stop  func() bool
+	cause func(error) error
+	wdone chan error // the body's write, when it ran beside the read
+	keep  bool
+	ended atomic.Bool
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.ended.Load() {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		b.end(true)
+	case err != nil:
+		err = b.cause(err)
+		b.end(false)
+	}
+	return n, err
+}
+
+// Close ends the exchange; a body not read to its end costs the
+// connection. It may run while another goroutine reads (to abort it).
+func (b *h1Body) Close() error {
+	b.end(false)
+	return nil
+}
+
+func (b *h1Body) end(clean bool) {
+	if b.ended.Swap(true) {
+		return
+	}
+	// A context that fired (or is firing) may have set a deadline on the
+	// connection: it cannot be reused then.
+	reuse := b.stop() && clean && b.keep
+	if b.wdone != nil {
+		select {
+		case err := <-b.wdone:
+			reuse = reuse && err == nil
+		default:
+			// The upstream answered before it had the whole body: the
+			// connection cannot carry another request. Closing it ends
+			// the write (or its next piece, when it waits for its
+			// source).
+			reuse = false
+		}
+	}
+	if reuse && b.c.br.Buffered() == 0 {
+		b.c.p.put(b.c)
+		return
+	}
+	b.c.close()
+}
+
+// h1Upgraded is the body of a 101 response: the connection itself.
+type h1Upgraded struct{ c *h1Conn }
+
+func (u *h1Upgraded) Read(p []byte) (int, error)  { return u.c.br.Read(p) }
+func (u *h1Upgraded) Write(p []byte) (int, error) { return u.c.nc.Write(p) }
+func (u *h1Upgraded) Close() error                { u.c.close(); return nil }
+
+var (
+	_ io.ReadCloser      = (*h1Body)(nil)
+	_ io.ReadWriteCloser = (*h1Upgraded)(nil)
+)
