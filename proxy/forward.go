@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -56,11 +56,60 @@ func ExchangeFrom(ctx context.Context) *Exchange {
 	return x
 }
 
+// exchange is what one forwarded request needs besides its http.Request,
+// in one allocation: the Exchange, the context that carries it, the
+// upstream URL and the values of the header fields the proxy adds.
+type exchange struct {
+	Exchange
+	ctx  exchangeCtx
+	url  url.URL
+	vals [2]string
+}
+
+// exchangeCtx is the context of an upstream request: the server's, with
+// its Exchange as the value of exchangeKey (as context.WithValue would
+// make it, without an allocation of its own).
+type exchangeCtx struct {
+	context.Context
+	x *Exchange
+}
+
+func (c *exchangeCtx) Value(key any) any {
+	if _, ok := key.(exchangeKey); ok {
+		return c.x
+	}
+	return c.Context.Value(key)
+}
+
+// Request ids: a random base chosen at start, plus a count, through a
+// bijection of 64-bit numbers (the finaliser of MurmurHash3), so that ids
+// are unique within the process, unrelated between processes, and look no
+// more alike than random ones, at the cost of a few multiplications rather
+// than a read of the system's random source per request.
+var (
+	idBase = func() uint64 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		return binary.LittleEndian.Uint64(b[:])
+	}()
+	idCount atomic.Uint64
+)
+
 // newRequestID returns a fresh request id: 16 hex digits.
 func newRequestID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	x := idBase + idCount.Add(1)
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[x&15]
+		x >>= 4
+	}
+	return string(b[:])
 }
 
 // target is where a request goes: the URL the upstream request uses, the
@@ -143,18 +192,19 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	}
 	defer body.Release()
 
-	x := &Exchange{
+	st := &exchange{Exchange: Exchange{
 		ID:       id,
 		Upstream: up,
 		Policy:   rp,
 		Bulkhead: cfg.Bulkheads.Get(up.Name, up.Bulkhead),
-	}
+	}}
+	x := &st.Exchange
 	x.base, err = c.s.bases.get(up, tg.host)
 	if err != nil {
 		c.refuse(req, id, start, http.StatusBadGateway, err.Error())
 		return false
 	}
-	out := c.outgoing(req, tg, body, x)
+	out := c.outgoing(req, tg, body, st)
 	resp, err := c.s.runner.RoundTrip(out)
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
@@ -286,29 +336,41 @@ func (r *deadlineReader) Read(p []byte) (int, error) {
 	return r.r.Read(p)
 }
 
-// outgoing builds the upstream request.
-func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *Exchange) *http.Request {
-	h := req.Header.Clone()
+// outgoing builds the upstream request. Its header is the client
+// request's, changed in place: the proxy reads no header of req after this,
+// and the request sent upstream (whose header the attempt runner owns from
+// now on) is the only user of it.
+func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exchange) *http.Request {
+	x := &st.Exchange
+	h := req.Header
+	req.Header = nil
 	removeHopHeaders(h)
-	h.Del("Expect") // the proxy already has the body
-	h.Set(HeaderRequestID, x.ID)
+	delete(h, "Expect") // the proxy already has the body
+	st.vals[0] = x.ID
+	h[HeaderRequestID] = st.vals[0:1:1]
 	if c.s.cfg.Mode == Explicit && c.s.cfg.Via != "" {
-		h.Add("Via", fmt.Sprintf("%d.%d %s", req.ProtoMajor, req.ProtoMinor, c.s.cfg.Via))
+		st.vals[1] = c.s.via(req.ProtoMajor, req.ProtoMinor)
+		if vs := h["Via"]; len(vs) > 0 {
+			h["Via"] = append(vs, st.vals[1])
+		} else {
+			h["Via"] = st.vals[1:2:2]
+		}
 	}
-	u := *tg.url
+	st.url = *tg.url
 	if x.Upstream.TLS.Enabled {
-		u.Scheme = "https"
+		st.url.Scheme = "https"
 	}
-	ctx := context.WithValue(c.s.ctx, exchangeKey{}, x)
-	out := (&http.Request{
+	st.ctx = exchangeCtx{Context: c.s.ctx, x: x}
+	tmpl := http.Request{
 		Method:     req.Method,
-		URL:        &u,
+		URL:        &st.url,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,
 		ProtoMinor: 1,
 		Header:     h,
 		Host:       req.Host,
-	}).WithContext(ctx)
+	}
+	out := tmpl.WithContext(&st.ctx)
 	if c.s.cfg.Mode == Explicit {
 		out.Host = tg.url.Host
 	}

@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -166,4 +168,35 @@ func TestOverlayFollowsBase(t *testing.T) {
 	if _, err := NewOverlay(src, "pod-b", []byte("defaults:\n  bulkhead: 3\n")); !errors.Is(err, policy.ErrNotOverridable) {
 		t.Fatalf("a pod setting the node's bulkhead: %v, want ErrNotOverridable", err)
 	}
+}
+
+func TestRequestIDs(t *testing.T) {
+	seen := make(map[string]bool)
+	for range 100000 {
+		id := newRequestID()
+		if len(id) != 16 || strings.Trim(id, "0123456789abcdef") != "" {
+			t.Fatalf("id %q: want 16 lower-case hex digits", id)
+		}
+		if seen[id] {
+			t.Fatalf("id %q given twice", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestExchangeContext(t *testing.T) {
+	x := &Exchange{ID: "x"}
+	type other struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), other{}, 1))
+	ec := &exchangeCtx{Context: parent, x: x}
+	if ExchangeFrom(ec) != x {
+		t.Fatal("ExchangeFrom: not the exchange")
+	}
+	child, stop := context.WithTimeout(ec, time.Hour)
+	defer stop()
+	if ExchangeFrom(child) != x || child.Value(other{}) != 1 {
+		t.Fatal("a derived context lost a value")
+	}
+	cancel()
+	<-child.Done() // the parent's cancellation reaches contexts derived from it
 }

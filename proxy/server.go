@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,6 +130,15 @@ type Config struct {
 	Runner http.RoundTripper
 }
 
+// via is the Via field value the proxy adds to a request of version
+// major.minor ("1.1 egret").
+func (s *Server) via(major, minor int) string {
+	if major == 1 && minor == 1 {
+		return s.via11
+	}
+	return strconv.Itoa(major) + "." + strconv.Itoa(minor) + " " + s.cfg.Via
+}
+
 func (c *Config) setDefaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -184,6 +194,8 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	via11 string // "1.1 " + cfg.Via
+
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
@@ -200,6 +212,7 @@ func New(cfg Config) (*Server, error) {
 	cfg.setDefaults()
 	s := &Server{
 		cfg:       cfg,
+		via11:     "1.1 " + cfg.Via,
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*conn]struct{}),
 	}
