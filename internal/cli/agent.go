@@ -47,6 +47,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one, or " + agent.DefaultSelfCgroup + " when started in the root)"},
 			&cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "unix `SOCKET` of the admin API (\"\" for none)"},
 			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics on `ADDR` (default: off)"},
+			pprofFlag,
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
@@ -71,6 +72,9 @@ func kernelError(err error) error {
 func runAgent(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return cli.Exit(fmt.Sprintf("agent: unknown subcommand %q (status, pods, upstreams, explain)", c.Args().First()), 2)
+	}
+	if err := checkPprof(c); err != nil {
+		return err
 	}
 	if c.String("pods") == "" {
 		return cli.Exit("agent needs --pods FILE", 2)
@@ -158,7 +162,7 @@ func runAgent(c *cli.Context) error {
 		}()
 	}
 	if addr := c.String("metrics"); addr != "" {
-		ms, err := serveMetrics(addr, reg, log)
+		ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"))
 		if err != nil {
 			l.Close()
 			return err

@@ -34,6 +34,7 @@ func proxyCommand() *cli.Command {
 			&cli.BoolFlag{Name: "allow-remote", Usage: "allow a non-loopback --listen or --metrics address (an open proxy to whoever reaches it)"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (watched and reloaded on change; default: the embedded defaults)"},
 			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics on `ADDR` (default: off)"},
+			pprofFlag,
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "how long in-flight requests may take to finish on shutdown"},
 			&cli.StringFlag{Name: "spool-dir", Usage: "directory for spooled request bodies (default: the system's temporary directory)"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
@@ -45,6 +46,9 @@ func proxyCommand() *cli.Command {
 func runProxy(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return cli.Exit("proxy takes no arguments", 2)
+	}
+	if err := checkPprof(c); err != nil {
+		return err
 	}
 	allow := c.Bool("allow-remote")
 	listen := c.String("listen")
@@ -110,7 +114,7 @@ func runProxy(c *cli.Context) error {
 	}
 	var ms *http.Server
 	if metricsAddr != "" {
-		if ms, err = serveMetrics(metricsAddr, reg, log); err != nil {
+		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof")); err != nil {
 			ln.Close()
 			return err
 		}

@@ -49,7 +49,7 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 	go up.Serve(ln)
 	defer up.Close()
 
-	cmd := exec.Command(bin, "proxy", "--listen", "127.0.0.1:0", "--grace", "5s")
+	cmd := exec.Command(bin, "proxy", "--listen", "127.0.0.1:0", "--grace", "5s", "--metrics", "127.0.0.1:0", "--pprof")
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -64,8 +64,9 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 		close(lines)
 	}()
 	addrRe := regexp.MustCompile(`msg="egret proxy listening" addr=(\S+)`)
-	var addr string
-	for addr == "" {
+	profRe := regexp.MustCompile(`msg="egret profiles" addr=(\S+)`)
+	var addr, profAddr string
+	for addr == "" || profAddr == "" {
 		select {
 		case l, ok := <-lines:
 			if !ok {
@@ -74,8 +75,23 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 			if m := addrRe.FindStringSubmatch(l); m != nil {
 				addr = m[1]
 			}
+			if m := profRe.FindStringSubmatch(l); m != nil {
+				profAddr = m[1]
+			}
 		case <-time.After(10 * time.Second):
-			t.Fatal("no listening line")
+			t.Fatalf("no listening line (proxy %q, profiles %q)", addr, profAddr)
+		}
+	}
+	// --pprof: Go's profiles beside /metrics.
+	for path, want := range map[string]string{"/debug/pprof/cmdline": "proxy", "/metrics": "egret_proxy_"} {
+		resp, err := http.Get("http://" + profAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
+			t.Fatalf("GET %s: %d, body without %q", path, resp.StatusCode, want)
 		}
 	}
 	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: addr})}, Timeout: 10 * time.Second}
@@ -127,6 +143,17 @@ func waitLine(t *testing.T, lines <-chan string, want string) {
 			}
 		case <-deadline:
 			t.Fatalf("no line with %q", want)
+		}
+	}
+}
+
+func TestPprofNeedsMetrics(t *testing.T) {
+	for _, cmd := range []string{"proxy", "agent"} {
+		app := App()
+		app.ExitErrHandler = func(*ucli.Context, error) {}
+		err := app.Run([]string{"egret", cmd, "--pprof"})
+		if err == nil || !strings.Contains(err.Error(), "--pprof needs --metrics") {
+			t.Fatalf("%s --pprof without --metrics: %v", cmd, err)
 		}
 	}
 }
