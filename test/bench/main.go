@@ -44,6 +44,7 @@ var (
 	haproxy  = flag.String("haproxy", "/usr/sbin/haproxy", "haproxy binary")
 	egretBin = flag.String("egret", "", "egret binary (default: go build ./cmd/egret)")
 	keep     = flag.Bool("keep", false, "keep the work directory (configs, logs)")
+	profile  = flag.String("profile", "", "write a CPU profile of egret during its first measured GET run to `FILE`")
 )
 
 func main() {
@@ -57,9 +58,13 @@ func main() {
 // result is one wrk run.
 type result struct {
 	rps      float64
+	requests int64
 	p50, p99 time.Duration
 	non2xx   int
 	errors   int
+	// cpu is the CPU time (user + system) the target's process spent per
+	// request (0: no process of its own, i.e. direct).
+	cpu time.Duration
 }
 
 type target struct {
@@ -121,7 +126,7 @@ func run() error {
 	}
 	defer egretLog.Close()
 	// Embedded defaults: 3 attempts, the counterpart of HAProxy's retries 2.
-	eg := exec.Command(egret, "proxy", "--listen", egretAddr, "--metrics", metricsAddr)
+	eg := exec.Command(egret, "proxy", "--listen", egretAddr, "--metrics", metricsAddr, "--pprof")
 	eg.Stdout, eg.Stderr = egretLog, egretLog
 	if err := eg.Start(); err != nil {
 		return err
@@ -209,11 +214,26 @@ func run() error {
 			}
 		}
 		runs := make([][]result, len(targets))
-		for range *rounds {
+		for round := range *rounds {
 			for ti, tg := range targets {
+				var prof chan error
+				if *profile != "" && wi == 0 && round == 0 && tg.name == "egret" {
+					prof = make(chan error, 1)
+					go func() { prof <- fetchProfile(metricsAddr, *duration-time.Second, *profile) }()
+				}
+				cpu0 := cpuTime(tg.pid)
 				r, err := runWrk(tg.addr, scripts[ti], *duration)
 				if err != nil {
 					return fmt.Errorf("%s %s: %w", w.name, tg.name, err)
+				}
+				if tg.pid != 0 && r.requests > 0 {
+					r.cpu = (cpuTime(tg.pid) - cpu0) / time.Duration(r.requests)
+				}
+				if prof != nil {
+					if err := <-prof; err != nil {
+						return fmt.Errorf("profile: %w", err)
+					}
+					fmt.Printf("CPU profile of egret's first GET run: %s (go tool pprof %s %s)\n\n", *profile, egret, *profile)
 				}
 				runs[ti] = append(runs[ti], r)
 			}
@@ -225,11 +245,15 @@ func run() error {
 		}
 	}
 
-	fmt.Printf("%-10s %-8s %12s %10s %10s %8s\n", "workload", "target", "requests/s", "p50", "p99", "non-2xx")
+	fmt.Printf("%-10s %-8s %12s %10s %10s %8s %12s\n", "workload", "target", "requests/s", "p50", "p99", "non-2xx", "CPU/request")
 	for _, w := range workloads {
 		for _, tg := range targets {
 			r := results[key{w.name, tg.name}]
-			fmt.Printf("%-10s %-8s %12.0f %10s %10s %8d\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors)
+			cpu := "-"
+			if r.cpu > 0 {
+				cpu = fmtDur(r.cpu)
+			}
+			fmt.Printf("%-10s %-8s %12.0f %10s %10s %8d %12s\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors, cpu)
 		}
 	}
 	fmt.Println()
@@ -240,9 +264,9 @@ func run() error {
 		if h.p99 > d.p99 {
 			added = fmt.Sprintf("%.2f", float64(e.p99-d.p99)/float64(h.p99-d.p99))
 		}
-		fmt.Printf("  %-10s throughput egret/haproxy %.2f, egret/direct %.2f; p50 egret/haproxy %.2f, p99 egret/haproxy %.2f; added p99 egret %s vs haproxy %s (ratio %s)\n",
+		fmt.Printf("  %-10s throughput egret/haproxy %.2f, egret/direct %.2f; p50 egret/haproxy %.2f, p99 egret/haproxy %.2f; added p99 egret %s vs haproxy %s (ratio %s); CPU per request egret/haproxy %.2f\n",
 			w.name, e.rps/h.rps, e.rps/d.rps, float64(e.p50)/float64(h.p50), float64(e.p99)/float64(h.p99),
-			fmtDur(e.p99-d.p99), fmtDur(h.p99-d.p99), added)
+			fmtDur(e.p99-d.p99), fmtDur(h.p99-d.p99), added, float64(e.cpu)/float64(max(h.cpu, 1)))
 	}
 	for _, w := range workloads {
 		for _, tg := range targets {
@@ -276,6 +300,7 @@ backend be
 
 var (
 	reRPS     = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	reCount   = regexp.MustCompile(`(\d+) requests in`)
 	reLat     = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s|m)\s*$`)
 	reNon2xx  = regexp.MustCompile(`Non-2xx or 3xx responses:\s+(\d+)`)
 	reSockErr = regexp.MustCompile(`Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
@@ -295,6 +320,9 @@ func runWrk(addr, script string, d time.Duration) (result, error) {
 		return r, fmt.Errorf("wrk output without Requests/sec:\n%s", s)
 	}
 	r.rps, _ = strconv.ParseFloat(m[1], 64)
+	if m := reCount.FindStringSubmatch(s); m != nil {
+		r.requests, _ = strconv.ParseInt(m[1], 10, 64)
+	}
 	for _, m := range reLat.FindAllStringSubmatch(s, -1) {
 		v, _ := strconv.ParseFloat(m[2], 64)
 		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second, "m": time.Minute}[m[3]]
@@ -538,4 +566,46 @@ func fmtDur(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
 	}
+}
+
+// cpuTime is the user + system CPU time process pid has used so far (0 for
+// pid 0), from /proc/PID/stat (in clock ticks of 10 ms).
+func cpuTime(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces: count from its ")".
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// fetchProfile writes a CPU profile of egret taken over d (--pprof) to file.
+func fetchProfile(metricsAddr string, d time.Duration, file string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", metricsAddr, max(1, int(d.Seconds()))))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("GET profile: %s", resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
