@@ -296,11 +296,11 @@ func (c *conn) next() bool {
 func (c *conn) refuse(req *http.Request, id string, start time.Time, status int, msg string) {
 	c.s.cfg.Metrics.request(labelRejected)
 	c.answer(req, &answer{id: id, status: status, msg: msg, close: true})
-	method, url := "", ""
+	l := requestLog{id: id, outcome: labelRejected, status: status, start: start, err: msg}
 	if req != nil {
-		method, url = req.Method, req.URL.String()
+		l.method, l.u = req.Method, req.URL
 	}
-	c.logRequest(requestLog{id: id, method: method, url: url, outcome: labelRejected, status: status, start: start, err: msg})
+	c.logRequest(l)
 }
 
 // answer is a response the proxy makes itself.

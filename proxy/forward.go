@@ -539,7 +539,9 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 		if n > 0 {
 			c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 			if chunk {
-				fmt.Fprintf(c.bw, "%x\r\n", n)
+				var size [16]byte
+				c.bw.Write(strconv.AppendInt(size[:0], int64(n), 16))
+				c.bw.WriteString("\r\n")
 			}
 			c.bw.Write(buf[:n])
 			if chunk {
@@ -637,30 +639,42 @@ func namedByConnection(h http.Header, k string) bool {
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 func (c *conn) logOutcome(req *http.Request, x *Exchange, attempts int, outcome string, status int, start time.Time, err error) {
-	msg := ""
-	if err != nil {
-		msg = err.Error()
-	}
-	c.logRequest(requestLog{id: x.ID, method: req.Method, url: req.URL.String(), upstream: x.Upstream.Name,
-		attempts: attempts, outcome: outcome, status: status, start: start, err: msg})
+	c.logRequest(requestLog{id: x.ID, method: req.Method, u: req.URL, upstream: x.Upstream.Name,
+		attempts: attempts, outcome: outcome, status: status, start: start, e: err})
 }
 
 // requestLog is the one log line of a request; empty upstream, zero status
-// and empty err are left out.
+// and no error are left out. The url is url, or else u's; the error err,
+// or else e's: each is made only when the line is logged.
 type requestLog struct {
 	id, method, url, upstream string
+	u                         *url.URL
 	attempts                  int
 	outcome                   string
 	status                    int
 	start                     time.Time
 	err                       string
+	e                         error
 }
 
+// logRequest logs l at level Info. It gives the record to the logger's
+// handler itself, as Logger.LogAttrs would but without looking up the
+// caller's program counter: the line's source would be this function
+// whoever logged, and no handler egret builds adds it.
 func (c *conn) logRequest(l requestLog) {
-	log := c.s.cfg.Logger
-	if !log.Enabled(context.Background(), slog.LevelInfo) {
+	ctx := context.Background()
+	h := c.s.cfg.Logger.Handler()
+	if !h.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
+	if l.url == "" && l.u != nil {
+		l.url = l.u.String()
+	}
+	if l.err == "" && l.e != nil {
+		l.err = l.e.Error()
+	}
+	now := time.Now()
+	r := slog.NewRecord(now, slog.LevelInfo, "request", 0)
 	// slog.Attr values rather than key-value pairs: no boxing of each
 	// value, one array on the stack.
 	var buf [9]slog.Attr
@@ -672,11 +686,12 @@ func (c *conn) logRequest(l requestLog) {
 	if l.status != 0 {
 		attrs = append(attrs, slog.Int("status", l.status))
 	}
-	attrs = append(attrs, slog.Duration("duration", time.Since(l.start)))
+	attrs = append(attrs, slog.Duration("duration", now.Sub(l.start)))
 	if l.err != "" {
 		attrs = append(attrs, slog.String("err", l.err))
 	}
-	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+	r.AddAttrs(attrs...)
+	_ = h.Handle(ctx, r)
 }
 
 // upgrade passes a protocol-switching request (e.g. WebSocket) through to
@@ -687,7 +702,7 @@ func (c *conn) upgrade(req *http.Request, head []byte, tg target, id string, sta
 		addr = net.JoinHostPort(tg.host, strconv.Itoa(tg.port))
 	}
 	prefix := append([]byte(nil), head...)
-	c.logRequest(requestLog{id: id, method: req.Method, url: req.URL.String(), attempts: 1, outcome: "upgrade", start: start})
+	c.logRequest(requestLog{id: id, method: req.Method, u: req.URL, attempts: 1, outcome: "upgrade", start: start})
 	c.passthrough(ProtoUpgrade, addr, prefix)
 }
 

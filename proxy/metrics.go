@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/promreg"
 )
 
@@ -19,7 +22,15 @@ type Metrics struct {
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
 	conns       prometheus.Gauge
+	// byOutcome caches requests' counters of the answered outcomes, made
+	// on first use (a series appears once counted, as before): no hashing
+	// of the label and lookup per request.
+	byOutcome [len(answerOutcomes)]atomic.Pointer[prometheus.Counter]
 }
+
+// answerOutcomes are the outcome labels a request is answered with.
+var answerOutcomes = [...]string{labelRelayed, labelRejected,
+	engine.OutcomeNotSent.String(), engine.OutcomeFailed.String(), engine.OutcomeAmbiguous.String()}
 
 // Outcome labels of egret_proxy_requests_total besides the spec's outcomes.
 const (
@@ -59,9 +70,22 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m *Metrics) request(outcome string) {
-	if m != nil {
-		m.requests.WithLabelValues(outcome).Inc()
+	if m == nil {
+		return
 	}
+	for i, o := range answerOutcomes {
+		if o == outcome {
+			c := m.byOutcome[i].Load()
+			if c == nil {
+				vc := m.requests.WithLabelValues(outcome)
+				c = &vc
+				m.byOutcome[i].Store(c)
+			}
+			(*c).Inc()
+			return
+		}
+	}
+	m.requests.WithLabelValues(outcome).Inc()
 }
 
 func (m *Metrics) passedThrough(p Protocol) {

@@ -1,12 +1,17 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -199,4 +204,59 @@ func TestExchangeContext(t *testing.T) {
 	}
 	cancel()
 	<-child.Done() // the parent's cancellation reaches contexts derived from it
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestRequestLogLine: one line per request, with the logger's own
+// attributes, the request's fields in order, and the error when there is
+// one.
+func TestRequestLogLine(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	var out lockedBuffer
+	log := slog.New(slog.NewTextHandler(&out, nil)).With("pod", "p1")
+	p := startProxy(t, Config{Logger: log})
+	resp := rawRequest(t, p.addr, "GET "+up.url("/x?q=1")+" HTTP/1.1\r\nHost: "+up.addr+"\r\n\r\n")
+	id := resp.Header.Get(HeaderRequestID)
+	rawRequest(t, p.addr, "GET "+up.url("/")+" HTTP/2.0\r\nHost: x\r\n\r\n")
+	var lines []string
+	for deadline := time.Now().Add(2 * time.Second); len(lines) < 2 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond) // a line is logged after the answer is written
+		lines = lines[:0]
+		for l := range strings.Lines(out.String()) {
+			if strings.Contains(l, "msg=request") {
+				lines = append(lines, l)
+			}
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("request lines:\n%s", out.String())
+	}
+	want := regexp.MustCompile(`^time=\S+ level=INFO msg=request pod=p1 id=` + id + ` method=GET url="` +
+		regexp.QuoteMeta(up.url("/x?q=1")) + `" upstream=` + regexp.QuoteMeta(up.addr) +
+		` attempts=1 outcome=relayed status=200 duration=\S+\n$`)
+	if !want.MatchString(lines[0]) {
+		t.Errorf("relayed request's line:\n%s", lines[0])
+	}
+	refused := regexp.MustCompile(`^time=\S+ level=INFO msg=request pod=p1 id=[0-9a-f]{16} method="" url="" ` +
+		`attempts=0 outcome=rejected status=505 duration=\S+ err="HTTP version not supported: HTTP/2.0"\n$`)
+	if !refused.MatchString(lines[1]) {
+		t.Errorf("refused request's line:\n%s", lines[1])
+	}
 }
