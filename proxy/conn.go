@@ -106,6 +106,10 @@ type prefixReader struct {
 	readFn func(fd uintptr) bool
 	rn     int
 	rerr   error
+	// headDeadline, when set, is the read deadline of the request head,
+	// set on the connection only when the head is not all in hand and
+	// Read must wait for the rest: most heads arrive whole.
+	headDeadline time.Time
 }
 
 func (r *prefixReader) init(c net.Conn) {
@@ -188,6 +192,10 @@ func (r *prefixReader) Read(p []byte) (int, error) {
 		}
 		return k, nil
 	}
+	if !r.headDeadline.IsZero() {
+		r.c.SetReadDeadline(r.headDeadline)
+		r.headDeadline = time.Time{}
+	}
 	return r.c.Read(p)
 }
 
@@ -264,9 +272,13 @@ func (c *conn) next() bool {
 			headBufs.Put(hb)
 		}
 	}()
+	// The read deadline in force stays the idle one (or the head's, when
+	// the head had to be waited for) until a read that needs another:
+	// a body's reads set their own, a tunnel clears it.
 	start := time.Now()
-	c.c.SetReadDeadline(start.Add(cfg.ReadHeaderTimeout))
+	c.pr.headDeadline = start.Add(cfg.ReadHeaderTimeout)
 	head, err := readHead(c.br, (*hb)[:0], headLimits{maxBytes: cfg.MaxHeaderBytes, maxCount: cfg.MaxHeaderCount})
+	c.pr.headDeadline = time.Time{}
 	*hb = head[:0]
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -279,7 +291,6 @@ func (c *conn) next() bool {
 		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
 		return false
 	}
-	c.c.SetReadDeadline(time.Time{})
 	req, err := parseHead(head)
 	if err != nil {
 		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
@@ -369,6 +380,7 @@ func (c *conn) passthrough(proto Protocol, addr string, prefix []byte) {
 		c.abort()
 		return
 	}
+	c.c.SetReadDeadline(time.Time{})
 	aToB, bToA := pipe(&bufferedConn{Conn: c.c, r: c.br}, up, prefix)
 	c.s.cfg.Logger.Debug("passthrough", "protocol", string(proto), "dst", addr,
 		"sent", aToB, "received", bToA)
@@ -406,6 +418,7 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 		return
 	}
 	c.c.SetWriteDeadline(time.Time{})
+	c.c.SetReadDeadline(time.Time{})
 	c.logRequest(requestLog{id: id, method: req.Method, url: target, attempts: 1, outcome: "tunnel",
 		status: http.StatusOK, start: start})
 	pipe(&bufferedConn{Conn: c.c, r: c.br}, up, nil)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -258,5 +259,36 @@ func TestRequestLogLine(t *testing.T) {
 		`attempts=0 outcome=rejected status=505 duration=\S+ err="HTTP version not supported: HTTP/2.0"\n$`)
 	if !refused.MatchString(lines[1]) {
 		t.Errorf("refused request's line:\n%s", lines[1])
+	}
+}
+
+// TestTunnelOutlivesHeadDeadline: a CONNECT whose head came in two parts
+// (so that the head's read deadline was set) keeps its tunnel open past
+// that deadline.
+func TestTunnelOutlivesHeadDeadline(t *testing.T) {
+	ln, got := echoServer(t, "")
+	p := startProxy(t, Config{ReadHeaderTimeout: 100 * time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "CONNECT "+ln.Addr().String()+" HTTP/1.1\r\n")
+	time.Sleep(20 * time.Millisecond)
+	io.WriteString(c, "Host: x\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	time.Sleep(250 * time.Millisecond) // past the head's deadline
+	io.WriteString(c, "ping")
+	if b := <-got; string(b) != "ping" {
+		t.Fatalf("destination got %q", b)
+	}
+	buf := make([]byte, 9)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "echo:ping" {
+		t.Fatalf("through the tunnel: %q %v", buf, err)
 	}
 }
