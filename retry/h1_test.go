@@ -1,0 +1,292 @@
+package retry
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+)
+
+// answerEach serves requests on each connection with answer(i), i counting
+// the requests of that connection from 1; answer returns the raw response
+// and whether to close the connection after it.
+func answerEach(t *testing.T, seen *atomic.Int64, answer func(req *http.Request, i int) (string, bool)) *rawServer {
+	return newRawServer(t, func(c net.Conn, n int) {
+		br := bufio.NewReader(c)
+		for i := 1; ; i++ {
+			req, _, err := readReq(br)
+			if err != nil {
+				return
+			}
+			seen.Add(1)
+			raw, closeAfter := answer(req, i)
+			io.WriteString(c, raw)
+			if closeAfter {
+				return
+			}
+		}
+	})
+}
+
+func roundTripBody(t *testing.T, rt http.RoundTripper, req *http.Request) (*http.Response, string) {
+	t.Helper()
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// TestH1Framing: the pool reads each kind of response framing right and
+// reuses a connection only when the response said where it ended and did
+// not ask for a close.
+func TestH1Framing(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw string
+		method    string
+		body      string
+		reused    bool
+	}{
+		{"length", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", "GET", "hello", true},
+		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n", "GET", "hello", true},
+		{"until close", "HTTP/1.1 200 OK\r\n\r\nhello", "GET", "hello", false},
+		{"connection close", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello", "GET", "hello", false},
+		{"HTTP/1.0", "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello", "GET", "hello", false},
+		{"HEAD with length", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "HEAD", "", true},
+		{"no content", "HTTP/1.1 204 No Content\r\n\r\n", "GET", "", true},
+		{"1xx first", "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", "GET", "hello", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var seen atomic.Int64
+			srv := answerEach(t, &seen, func(req *http.Request, i int) (string, bool) {
+				return tc.raw, strings.Contains(tc.name, "close") || tc.name == "HTTP/1.0"
+			})
+			base := NewHTTPTransport(HTTPOptions{})
+			defer base.CloseIdleConnections()
+			for range 2 {
+				req, _ := http.NewRequest(tc.method, srv.url(), nil)
+				resp, body := roundTripBody(t, base, req)
+				if resp.StatusCode/100 != 2 || body != tc.body {
+					t.Fatalf("status %d body %q", resp.StatusCode, body)
+				}
+			}
+			want := int64(2)
+			if tc.reused {
+				want = 1
+			}
+			if got := srv.conns.Load(); got != want {
+				t.Fatalf("%d connections for 2 requests, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestH1BodyNotReadCostsTheConnection: a body closed before its end leaves
+// bytes on the connection; it is not pooled.
+func TestH1BodyNotReadCostsTheConnection(t *testing.T) {
+	var seen atomic.Int64
+	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789", false
+	})
+	base := NewHTTPTransport(HTTPOptions{})
+	defer base.CloseIdleConnections()
+	resp, err := base.RoundTrip(get(t, srv.url()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Read(make([]byte, 3))
+	resp.Body.Close()
+	roundTripBody(t, base, get(t, srv.url()))
+	if srv.conns.Load() != 2 {
+		t.Fatalf("%d connections: a connection with unread body bytes was reused", srv.conns.Load())
+	}
+}
+
+// TestH1IdleTimeout: a connection idle for longer than IdleConnTimeout is
+// not reused, and the sweeper closes it without a request.
+func TestH1IdleTimeout(t *testing.T) {
+	var seen atomic.Int64
+	closed := make(chan struct{}, 4)
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		br := bufio.NewReader(c)
+		for {
+			if _, _, err := readReq(br); err != nil {
+				closed <- struct{}{}
+				return
+			}
+			seen.Add(1)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	base := NewHTTPTransport(HTTPOptions{IdleConnTimeout: 100 * time.Millisecond})
+	defer base.CloseIdleConnections()
+	roundTripBody(t, base, get(t, srv.url()))
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the idle connection was not closed by the sweeper")
+	}
+	roundTripBody(t, base, get(t, srv.url()))
+	if srv.conns.Load() != 2 {
+		t.Fatalf("%d connections", srv.conns.Load())
+	}
+}
+
+// TestH1MaxIdlePerHost: beyond MaxIdleConnsPerHost, connections that end
+// their exchange are closed rather than pooled.
+func TestH1MaxIdlePerHost(t *testing.T) {
+	release := make(chan struct{})
+	var seen atomic.Int64
+	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		<-release
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	base := NewHTTPTransport(HTTPOptions{MaxIdleConnsPerHost: 2})
+	defer base.CloseIdleConnections()
+	done := make(chan error, 4)
+	for range 4 {
+		go func() {
+			resp, err := base.RoundTrip(get(t, srv.url()))
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+	}
+	for seen.Load() < 4 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	base.h1.mu.Lock()
+	idle := len(base.h1.idle["http://"+srv.ln.Addr().String()])
+	base.h1.mu.Unlock()
+	if idle != 2 {
+		t.Fatalf("%d idle connections, want 2", idle)
+	}
+}
+
+// TestH1InvalidRequestNeverDispatched: a header the wire cannot carry is
+// request_invalid, not_sent, and no connection is opened for it.
+func TestH1InvalidRequestNeverDispatched(t *testing.T) {
+	var seen atomic.Int64
+	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	tr, _, _ := testTransport(t, nil)
+	for _, edit := range []func(*http.Request){
+		func(r *http.Request) { r.Header["X-Bad"] = []string{"a\r\nInjected: 1"} },
+		func(r *http.Request) { r.Header["Bad Name"] = []string{"x"} },
+		func(r *http.Request) { r.Host = "a b" },
+		func(r *http.Request) { r.Method = "GE T" },
+	} {
+		req := post(t, srv.url(), "x")
+		edit(req)
+		_, err := tr.RoundTrip(req)
+		var e *Error
+		if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 1 ||
+			e.Trace.Attempts[0].Failure != engine.RequestInvalid || !errors.Is(err, ErrRequestInvalid) {
+			t.Fatalf("err %v", err)
+		}
+	}
+	if srv.conns.Load() != 0 || seen.Load() != 0 {
+		t.Fatalf("%d connections, %d requests reached the upstream", srv.conns.Load(), seen.Load())
+	}
+}
+
+// TestH1ResponseHeaderLimit: a response head over MaxResponseHeaderBytes
+// fails the attempt; the upstream answered, so it is never not_sent.
+func TestH1ResponseHeaderLimit(t *testing.T) {
+	var seen atomic.Int64
+	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("b", 8<<10) + "\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	tr, _, _ := testTransport(t, func(p *Policy) { p.MaxAttempts = 1 })
+	tr.Base = NewHTTPTransport(HTTPOptions{MaxResponseHeaderBytes: 4 << 10})
+	_, err := tr.RoundTrip(post(t, srv.url(), "x"))
+	var a *AmbiguousError
+	if !errors.As(err, &a) || !strings.Contains(err.Error(), "response header exceeds the limit") {
+		t.Fatalf("err %v", err)
+	}
+	if ev := a.Trace.Attempts[0].Evidence; ev != engine.SentNoResponse {
+		t.Fatalf("evidence %v", ev)
+	}
+}
+
+// TestH1RequestWireFormat: what the pool writes for each kind of body.
+func TestH1RequestWireFormat(t *testing.T) {
+	type seenReq struct {
+		cl   int64
+		te   []string
+		body string
+		ua   string
+	}
+	got := make(chan seenReq, 1)
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		br := bufio.NewReader(c)
+		for {
+			req, body, err := readReq(br)
+			if err != nil {
+				return
+			}
+			got <- seenReq{req.ContentLength, req.TransferEncoding, string(body), req.Header.Get("User-Agent")}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+		}
+	})
+	base := NewHTTPTransport(HTTPOptions{})
+	defer base.CloseIdleConnections()
+	oneShot := func(s string) io.ReadCloser { return io.NopCloser(io.MultiReader(strings.NewReader(s))) }
+	for _, tc := range []struct {
+		name   string
+		method string
+		body   io.ReadCloser
+		cl     int64
+		want   seenReq
+	}{
+		{"POST without body", "POST", nil, 0, seenReq{cl: 0}},
+		{"GET without body", "GET", nil, 0, seenReq{cl: 0}},
+		{"sized in memory", "PUT", io.NopCloser(strings.NewReader("hello")), 5, seenReq{cl: 5, body: "hello"}},
+		{"sized streamed", "PUT", oneShot("hello"), 5, seenReq{cl: 5, body: "hello"}},
+		{"unknown length", "PUT", oneShot("hello"), -1, seenReq{cl: -1, te: []string{"chunked"}, body: "hello"}},
+		{"zero length with bytes", "PUT", oneShot("hello"), 0, seenReq{cl: -1, te: []string{"chunked"}, body: "hello"}},
+		{"zero length empty", "PUT", oneShot(""), 0, seenReq{cl: 0}},
+		{"large sized", "PUT", oneShot(strings.Repeat("L", 40<<10)), 40 << 10, seenReq{cl: 40 << 10, body: strings.Repeat("L", 40<<10)}},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.url(), nil)
+		req.Body, req.ContentLength = tc.body, tc.cl
+		req.Header.Set("User-Agent", "egret-test")
+		roundTripBody(t, base, req)
+		s := <-got
+		tc.want.ua = "egret-test"
+		if s.cl != tc.want.cl || strings.Join(s.te, ",") != strings.Join(tc.want.te, ",") || s.body != tc.want.body || s.ua != tc.want.ua {
+			t.Fatalf("%s: upstream saw length %d te %v body %d bytes ua %q", tc.name, s.cl, s.te, len(s.body), s.ua)
+		}
+	}
+	if srv.conns.Load() != 1 {
+		t.Fatalf("%d connections for keep-alive requests", srv.conns.Load())
+	}
+	// A body shorter than its Content-Length is refused and costs the
+	// connection (the upstream would wait for the rest).
+	req, _ := http.NewRequest("PUT", srv.url(), oneShot("abc"))
+	req.ContentLength = 10
+	if _, err := base.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "ended after 3 of its 10 bytes") {
+		t.Fatalf("short body: %v", err)
+	}
+}
