@@ -14,11 +14,14 @@ import (
 	"net/textproto"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/policy"
@@ -455,9 +458,9 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	n := attemptsOf(tr, nil)
 	// The upstream's header is written as it is minus what removeHopHeaders
 	// would remove and the headers the proxy writes itself, without a copy.
-	ex := relayExclude(resp.Header)
+	conns := resp.Header["Connection"]
 	get := func(k string) string {
-		if namedByConnection(resp.Header, k) {
+		if namedBy(conns, k) {
 			return ""
 		}
 		return resp.Header.Get(k)
@@ -488,7 +491,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	bw.WriteByte(' ')
 	bw.WriteString(text)
 	bw.WriteString("\r\n")
-	resp.Header.WriteSubset(bw, ex)
+	writeRelayedHeader(bw, resp.Header)
 	writeField(bw, HeaderRequestID, x.ID)
 	writeField(bw, HeaderAttempts, strconv.Itoa(n))
 	if ambiguous {
@@ -590,45 +593,42 @@ var relayExcludeBase = func() map[string]bool {
 	return m
 }()
 
-// relayExclude returns the header keys of h not to relay: relayExcludeBase,
-// plus (in a map of its own, when there are any) the headers a Connection
-// header names and the Proxy-* headers, as removeHopHeaders does.
-func relayExclude(h http.Header) map[string]bool {
-	var m map[string]bool
-	own := func() {
-		if m == nil {
-			m = make(map[string]bool, len(relayExcludeBase)+4)
-			for k := range relayExcludeBase {
-				m[k] = true
-			}
-		}
-	}
-	for _, v := range h["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if f = textproto.TrimString(f); f != "" {
-				own()
-				m[textproto.CanonicalMIMEHeaderKey(f)] = true
-			}
-		}
-	}
+// writeRelayedHeader writes the fields of h that a relayed response keeps:
+// all but relayExcludeBase, the Proxy-* fields and the fields a Connection
+// field names (what removeHopHeaders would remove), in the form
+// http.Header.Write gives them: sorted by name, a field with an invalid
+// name left out, CR and LF in a value turned into spaces, values trimmed.
+func writeRelayedHeader(w *bufio.Writer, h http.Header) {
+	conns := h["Connection"]
+	var buf [32]string
+	keys := buf[:0]
 	for k := range h {
-		if strings.HasPrefix(k, "Proxy-") {
-			own()
-			m[k] = true
+		if !relayExcludeBase[k] && !strings.HasPrefix(k, "Proxy-") && !namedBy(conns, k) {
+			keys = append(keys, k)
 		}
 	}
-	if m == nil {
-		return relayExcludeBase
+	slices.Sort(keys)
+	for _, k := range keys {
+		if !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range h[k] {
+			if strings.ContainsAny(v, "\r\n") {
+				v = newlineToSpace.Replace(v)
+			}
+			writeField(w, k, textproto.TrimString(v))
+		}
 	}
-	return m
 }
 
-// namedByConnection reports whether a Connection header of h names the
-// header k (canonical), which removeHopHeaders would remove.
-func namedByConnection(h http.Header, k string) bool {
-	for _, v := range h["Connection"] {
+var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
+
+// namedBy reports whether one of the Connection field values conns names
+// the field k (canonical), which removeHopHeaders would remove.
+func namedBy(conns []string, k string) bool {
+	for _, v := range conns {
 		for f := range strings.SplitSeq(v, ",") {
-			if f = textproto.TrimString(f); f != "" && textproto.CanonicalMIMEHeaderKey(f) == k {
+			if asciiEqualFold(textproto.TrimString(f), k) {
 				return true
 			}
 		}
