@@ -44,7 +44,9 @@ type conn struct {
 	bw    *bufio.Writer
 	state connState // guarded by s.mu
 	dst   netip.AddrPort
-	pr    prefixReader
+	// dstAddr is dst as host:port (transparent mode).
+	dstAddr string
+	pr      prefixReader
 	// linger: the proxy ends the connection after a request, with input
 	// perhaps still coming (a refused request's body, the rest of a
 	// one-shot body); aborted: it was reset on purpose.
@@ -226,13 +228,13 @@ func (c *conn) serve() {
 			log.Warn("original destination", "client", c.c.RemoteAddr().String(), "err", err)
 			return
 		}
-		c.dst = dst
+		c.dst, c.dstAddr = dst, dst.String()
 		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
 		if err != nil {
 			return
 		}
 		if proto != ProtoHTTP1 {
-			c.passthrough(proto, c.dst.String(), nil)
+			c.passthrough(proto, c.dstAddr, nil)
 			return
 		}
 	}

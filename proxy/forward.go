@@ -118,7 +118,7 @@ func newRequestID() string {
 // target is where a request goes: the URL the upstream request uses, the
 // host the policy is matched by, and the port.
 type target struct {
-	url  *url.URL
+	url  url.URL
 	host string // for policy matching and TLS server name
 	port int
 }
@@ -251,7 +251,7 @@ func (c *conn) target(req *http.Request) (target, error) {
 			}
 			port = n
 		}
-		return target{url: u, host: host, port: port}, nil
+		return target{url: *u, host: host, port: port}, nil
 	}
 	host := req.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -263,9 +263,9 @@ func (c *conn) target(req *http.Request) (target, error) {
 	}
 	// An absolute-form request to an origin is allowed: its path and query
 	// are kept, and dst still wins over its host.
-	u := &url.URL{
+	u := url.URL{
 		Scheme:   "http",
-		Host:     c.dst.String(),
+		Host:     c.dstAddr,
 		Path:     req.URL.Path,
 		RawPath:  req.URL.RawPath,
 		RawQuery: req.URL.RawQuery,
@@ -359,7 +359,7 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exch
 			h["Via"] = st.vals[1:2:2]
 		}
 	}
-	st.url = *tg.url
+	st.url = tg.url
 	if x.Upstream.TLS.Enabled {
 		st.url.Scheme = "https"
 	}
@@ -416,6 +416,9 @@ func attemptsOf(tr *retry.Trace, err error) int {
 			n += tr.Attempts[i].HiddenRetries
 		}
 		return n
+	}
+	if err == nil {
+		return 1
 	}
 	if n := retry.AttemptsOf(err); n > 0 {
 		return n
@@ -487,7 +490,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	for p := 100; p > 1 && status < p; p /= 10 { // %03d
 		bw.WriteByte('0')
 	}
-	bw.WriteString(strconv.Itoa(status))
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(status), 10))
 	bw.WriteByte(' ')
 	bw.WriteString(text)
 	bw.WriteString("\r\n")
@@ -542,8 +545,7 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 		if n > 0 {
 			c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 			if chunk {
-				var size [16]byte
-				c.bw.Write(strconv.AppendInt(size[:0], int64(n), 16))
+				c.bw.Write(strconv.AppendInt(c.bw.AvailableBuffer(), int64(n), 16))
 				c.bw.WriteString("\r\n")
 			}
 			c.bw.Write(buf[:n])
@@ -697,7 +699,7 @@ func (c *conn) logRequest(l requestLog) {
 // upgrade passes a protocol-switching request (e.g. WebSocket) through to
 // the upstream byte for byte, head included, without retries.
 func (c *conn) upgrade(req *http.Request, head []byte, tg target, id string, start time.Time) {
-	addr := c.dst.String()
+	addr := c.dstAddr
 	if c.s.cfg.Mode == Explicit {
 		addr = net.JoinHostPort(tg.host, strconv.Itoa(tg.port))
 	}

@@ -25,7 +25,12 @@ func removeHopHeaders(h http.Header) {
 	for _, v := range h["Connection"] {
 		for f := range strings.SplitSeq(v, ",") {
 			if f = textproto.TrimString(f); f != "" {
-				h.Del(f)
+				// h.Del(f), without allocating for a name sent in
+				// lower case (keep-alive).
+				if k, ok := canonicalKey(f); ok {
+					f = k
+				}
+				delete(h, f)
 			}
 		}
 	}
