@@ -80,6 +80,11 @@ type h1Conn struct {
 	used   bool
 	idleAt time.Time
 	closed atomic.Bool
+	// bodySent: the body written beside the response's read has all left
+	// (its goroutine is about to report).
+	bodySent atomic.Bool
+	// readingSource: that goroutine waits on the body's source.
+	readingSource atomic.Bool
 }
 
 // limitedReader reads the connection, failing once more than n bytes were
@@ -420,10 +425,14 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 			return fail(werr)
 		}
 		wdone = make(chan error, 1)
+		c.bodySent.Store(false)
 		go func() {
 			werr := c.writeBody(body, cl, chunked, true)
 			if werr == nil {
 				werr = c.bw.Flush()
+			}
+			if werr == nil {
+				c.bodySent.Store(true)
 			}
 			h.wroteRequest(werr)
 			if werr != nil && !headRead.Load() {
@@ -623,7 +632,13 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 				buf = buf[:cl-sent]
 			}
 		}
+		if stream {
+			c.readingSource.Store(true)
+		}
 		n, err := body.Read(buf)
+		if stream {
+			c.readingSource.Store(false)
+		}
 		if n > 0 {
 			sent += int64(n)
 			if chunked {
@@ -746,14 +761,27 @@ func (b *h1Body) end(clean bool) {
 	// connection: it cannot be reused then.
 	reuse := b.stop() && clean && b.keep
 	if b.wdone != nil {
-		select {
-		case err := <-b.wdone:
-			reuse = reuse && err == nil
+		switch {
+		case b.c.bodySent.Load():
+			// Written whole: its goroutine is only reporting.
+			reuse = reuse && <-b.wdone == nil
+		case !b.c.readingSource.Load():
+			// Inside a write (on loopback the upstream can read the
+			// last piece and answer before the write call returns): give
+			// it a moment, not a hang on a full socket buffer.
+			t := time.NewTimer(50 * time.Millisecond)
+			select {
+			case err := <-b.wdone:
+				reuse = reuse && err == nil && b.c.bodySent.Load()
+			case <-t.C:
+				reuse = false
+			}
+			t.Stop()
 		default:
-			// The upstream answered before it had the whole body: the
-			// connection cannot carry another request. Closing it ends
-			// the write (or its next piece, when it waits for its
-			// source).
+			// The upstream answered before it had the whole body, which
+			// still comes from its source: the connection cannot carry
+			// another request. Closing it ends the write at its next
+			// piece.
 			reuse = false
 		}
 	}
