@@ -47,10 +47,11 @@ type HTTPOptions struct {
 	MaxIdleConnsPerHost int
 	MaxConnsPerHost     int
 	IdleConnTimeout     time.Duration
-	// DisableCompression stops the transport from asking for gzip on its
-	// own (a proxy relays the client's Accept-Encoding as it is).
+	// DisableCompression stops HTTP/2 from asking for gzip on its own (a
+	// proxy relays the client's Accept-Encoding as it is). HTTP/1.1 never
+	// adds Accept-Encoding nor decompresses.
 	DisableCompression bool
-	// MaxResponseHeaderBytes limits response headers (0: net/http's default).
+	// MaxResponseHeaderBytes limits a response's head (0: 1 MiB).
 	MaxResponseHeaderBytes int64
 }
 
@@ -68,11 +69,12 @@ func (e *DialError) Error() string { return e.Op + " " + e.Addr + ": " + e.Err.E
 // Unwrap returns the cause.
 func (e *DialError) Unwrap() error { return e.Err }
 
-// HTTPTransport runs one attempt of a request on pooled connections:
-// HTTP/1.1 through net/http's Transport, HTTP/2 on connections it pools
-// itself, so that no HTTP/2 request is ever retried behind the caller's back
-// (x/net/http2's own pool retries refused streams and GOAWAYs up to six
-// times). Every connection it opens can be watched by a kernel witness.
+// HTTPTransport runs one attempt of a request on pooled connections, and
+// never more than one: HTTP/1.1 on a client of its own (h1.go; net/http's
+// Transport replays requests by itself), HTTP/2 through x/net/http2 on
+// connections it pools itself (x/net/http2's own pool retries refused
+// streams and GOAWAYs up to six times). Every connection it opens can be
+// watched by a kernel witness.
 type HTTPTransport struct {
 	opts  HTTPOptions
 	h1    *h1Pool

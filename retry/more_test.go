@@ -349,8 +349,15 @@ func TestBodylessWireFormat(t *testing.T) {
 		got <- seen{r.Method, r.TransferEncoding, r.ContentLength, r.RemoteAddr}
 	}))
 	defer srv.Close()
-	for _, idem := range []engine.Idempotency{{}, {RouteSet: true, Route: false}} {
+	// Both on HTTPTransport and on net/http's own Transport as the base
+	// (there the body that stops net/http's replays is in play).
+	for i, idem := range []engine.Idempotency{{}, {RouteSet: true, Route: false}, {}, {RouteSet: true, Route: false}} {
 		tr, _, _ := testTransport(t, func(p *Policy) { p.Idempotency = idem })
+		if i >= 2 {
+			nh := &http.Transport{}
+			t.Cleanup(nh.CloseIdleConnections)
+			tr.Base = nh
+		}
 		remotes := map[string]bool{}
 		for _, m := range []string{"GET", "HEAD", "OPTIONS", "DELETE", "GET"} {
 			req, _ := http.NewRequest(m, srv.URL, nil)

@@ -40,15 +40,17 @@ const DefaultKeepBody = 64 << 10
 // again and again while it finds pooled connections, outside the budget
 // and max_attempts, and whatever the policy says of idempotency; and
 // x/net/http2's pool replays refused streams and GOAWAYs up to six times.
-// Transport therefore sends every attempt with GetBody unset (net/http
-// cannot replay a body it cannot rewind), gives a body-less request that
+// The default Base, HTTPTransport, speaks HTTP/1.1 itself and runs HTTP/2
+// on its own pool that calls ClientConn.RoundTrip directly, so neither
+// happens there. For any other Base (a net/http Transport, say),
+// Transport sends every attempt with GetBody unset (net/http cannot
+// replay a body it cannot rewind) and gives a body-less request that
 // net/http would replay an empty body it cannot rewind either (with
-// Transfer-Encoding "identity", so the wire is unchanged), and
-// NewHTTPTransport runs HTTP/2 on its own pool that calls
-// ClientConn.RoundTrip directly. What remains (a body-less POST, PUT or
-// PATCH that net/http moves to another connection after writing nothing
-// on the first) is counted in Attempt.HiddenRetries once something was
-// written, and an attempt that moved never claims not_sent.
+// Transfer-Encoding "identity", so the wire is unchanged). What remains
+// there (a body-less POST, PUT or PATCH that net/http moves to another
+// connection after writing nothing on the first) is counted in
+// Attempt.HiddenRetries once something was written, and an attempt that
+// moved never claims not_sent.
 //
 // Responses: before a response is returned its first body chunk is read
 // (bounded by the request's deadline, not by AttemptTimeout, which stops at
@@ -472,7 +474,7 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 	areq.Body = body
 	if r.kind == engine.BodyNone {
 		areq.Body, areq.ContentLength = nil, 0
-		if netHTTPReplays(areq) {
+		if !t.direct && netHTTPReplays(areq) {
 			// net/http would replay it on its own after a dead pooled
 			// connection, as often as it finds one, outside the budget
 			// and max_attempts: an empty body it cannot rewind stops

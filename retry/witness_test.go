@@ -248,9 +248,19 @@ func TestNoHiddenRetryOfNonIdempotentGET(t *testing.T) {
 // itself on the dead pooled connection; it is the engine's retry instead,
 // counted, under the budget and max_attempts.
 func TestIdempotentGETOnDeadConnIsAnAttempt(t *testing.T) {
+	t.Run("HTTPTransport", func(t *testing.T) { idempotentGETOnDeadConn(t, false) })
+	t.Run("net/http Transport", func(t *testing.T) { idempotentGETOnDeadConn(t, true) })
+}
+
+func idempotentGETOnDeadConn(t *testing.T, netHTTP bool) {
 	var executed atomic.Int64
 	srv := staleAfterFirst(t, &executed)
 	tr, _, _ := testTransport(t, nil)
+	if netHTTP {
+		nh := &http.Transport{}
+		t.Cleanup(nh.CloseIdleConnections)
+		tr.Base = nh
+	}
 	for i := range 2 {
 		resp, err := tr.RoundTrip(get(t, srv.url()))
 		if err != nil {
