@@ -134,6 +134,19 @@ func readLine(br *bufio.Reader, buf []byte, max int) ([]byte, error) {
 // net/http it does not add Cache-Control: no-cache to a request with
 // Pragma: no-cache: the proxy forwards the header it was sent.
 func parseHead(head []byte) (*http.Request, error) {
+	req, err := parseRequest(head)
+	// Content-Length with Transfer-Encoding is refused before anything
+	// else is looked at: parseRequest checks it once it has the fields;
+	// when it failed before, the field lines are looked for here.
+	if err != nil && !errors.Is(err, ErrLengthAndChunked) && lengthAndChunked(head) {
+		return nil, ErrLengthAndChunked
+	}
+	return req, err
+}
+
+// lengthAndChunked reports whether head has both a Content-Length and a
+// Transfer-Encoding field line.
+func lengthAndChunked(head []byte) bool {
 	var hasCL, hasTE bool
 	_, fields, _ := bytes.Cut(head, []byte("\n"))
 	for len(fields) > 0 {
@@ -150,10 +163,12 @@ func parseHead(head []byte) (*http.Request, error) {
 			hasTE = true
 		}
 	}
-	if hasCL && hasTE {
-		return nil, ErrLengthAndChunked
-	}
+	return hasCL && hasTE
+}
 
+// parseRequest is parseHead but for the Content-Length with
+// Transfer-Encoding rule.
+func parseRequest(head []byte) (*http.Request, error) {
 	s := string(head) // the one copy: methods, targets, names and values are parts of it
 	line, rest := cutLine(s)
 	method, rest1, ok1 := strings.Cut(line, " ")
@@ -185,6 +200,11 @@ func parseHead(head []byte) (*http.Request, error) {
 	h, badName, err := parseFields(rest)
 	if err != nil {
 		return nil, err
+	}
+	_, hasCL := h["Content-Length"]
+	_, hasTE := h["Transfer-Encoding"]
+	if hasCL && hasTE {
+		return nil, ErrLengthAndChunked
 	}
 	req := &http.Request{
 		Method:     method,

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 )
 
@@ -34,11 +35,8 @@ func removeHopHeaders(h http.Header) {
 			}
 		}
 	}
-	for _, k := range hopHeaders {
-		delete(h, k)
-	}
 	for k := range h {
-		if strings.HasPrefix(k, "Proxy-") {
+		if strings.HasPrefix(k, "Proxy-") || slices.Contains(hopHeaders, k) {
 			delete(h, k)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/textproto"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -52,5 +53,19 @@ func TestWriteRelayedHeader(t *testing.T) {
 		if got.String() != want.String() {
 			t.Errorf("%v:\n got %q\nwant %q", h, got.String(), want.String())
 		}
+	}
+}
+
+func TestRemoveHopHeaders(t *testing.T) {
+	h := http.Header{
+		"Connection": {"keep-alive, x-named", "Upgrade"}, "Keep-Alive": {"1"}, "X-Named": {"n"},
+		"Proxy-Connection": {"p"}, "Proxy-Authorization": {"a"}, "Te": {"trailers"}, "Trailer": {"t"},
+		"Transfer-Encoding": {"chunked"}, "Upgrade": {"ws"}, HeaderTimeoutMs: {"5"},
+		"Accept": {"*/*"}, "X-Kept": {"k"}, "Proxyish": {"kept"},
+	}
+	removeHopHeaders(h)
+	want := http.Header{"Accept": {"*/*"}, "X-Kept": {"k"}, "Proxyish": {"kept"}}
+	if !reflect.DeepEqual(h, want) {
+		t.Errorf("left %v, want %v", h, want)
 	}
 }
