@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/retry"
 )
 
 func TestCheckListen(t *testing.T) {
@@ -109,6 +110,29 @@ func TestTracesRing(t *testing.T) {
 	}
 	if ts.Len() != 3 {
 		t.Errorf("Len %d", ts.Len())
+	}
+	// A stored trace is a copy, and so is what Get gives; a slot reused
+	// for a new trace does not change a copy given before.
+	in := &retryTrace{RequestID: "e", Attempts: []retry.Attempt{{N: 1, Status: 503}, {N: 2, Status: 200}}}
+	ts.Put(in)
+	in.Attempts[0].Status = 0
+	got, _ := ts.Get("e")
+	if len(got.Attempts) != 2 || got.Attempts[0].Status != 503 {
+		t.Fatalf("stored attempts %+v", got.Attempts)
+	}
+	got.Attempts[1].Status = 0
+	for _, id := range []string{"f", "g", "h"} {
+		ts.Put(&retryTrace{RequestID: id, Attempts: []retry.Attempt{{N: 1, Status: 418}}})
+	}
+	if got.Attempts[0].Status != 503 {
+		t.Errorf("a copy given by Get changed when its slot was reused")
+	}
+	if h, _ := ts.Get("h"); len(h.Attempts) != 1 || h.Attempts[0].Status != 418 {
+		t.Errorf("trace h: %+v", h.Attempts)
+	}
+	ts.Put(&retryTrace{RequestID: "h", Method: "PUT"})
+	if h, _ := ts.Get("h"); h.Method != "PUT" || len(h.Attempts) != 0 || ts.Len() != 3 {
+		t.Errorf("trace h put again: %+v, Len %d", h, ts.Len())
 	}
 }
 

@@ -27,28 +27,30 @@ func NewTraces(size int) *Traces {
 	return &Traces{ring: make([]retry.Trace, 0, size), byID: make(map[string]int, size)}
 }
 
-// Put stores tr (copied), replacing the oldest trace when full.
+// Put stores tr (copied), replacing the oldest trace when full. The copy
+// of the attempts goes into the array of the trace it replaces (Get hands
+// out copies only), so that a full ring stores without allocating.
 func (t *Traces) Put(tr *retry.Trace) {
 	if tr == nil || tr.RequestID == "" {
 		return
 	}
-	c := *tr
-	c.Attempts = append([]retry.Attempt(nil), tr.Attempts...)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if i, ok := t.byID[c.RequestID]; ok {
-		t.ring[i] = c
-		return
+	i, ok := t.byID[tr.RequestID]
+	if !ok {
+		if len(t.ring) < cap(t.ring) {
+			t.ring = append(t.ring, retry.Trace{})
+			i = len(t.ring) - 1
+		} else {
+			i = t.next
+			delete(t.byID, t.ring[i].RequestID)
+			t.next = (t.next + 1) % len(t.ring)
+		}
+		t.byID[tr.RequestID] = i
 	}
-	if len(t.ring) < cap(t.ring) {
-		t.ring = append(t.ring, c)
-		t.byID[c.RequestID] = len(t.ring) - 1
-		return
-	}
-	delete(t.byID, t.ring[t.next].RequestID)
-	t.ring[t.next] = c
-	t.byID[c.RequestID] = t.next
-	t.next = (t.next + 1) % len(t.ring)
+	attempts := t.ring[i].Attempts[:0]
+	t.ring[i] = *tr
+	t.ring[i].Attempts = append(attempts, tr.Attempts...)
 }
 
 // Get returns the trace of request id.
