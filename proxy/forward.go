@@ -193,7 +193,9 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		}
 		return false
 	}
-	defer body.Release()
+	if body != nil {
+		defer body.Release()
+	}
 
 	st := &exchange{Exchange: Exchange{
 		ID:       id,
@@ -211,13 +213,13 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	resp, err := c.s.runner.RoundTrip(out)
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
-	keep := !req.Close && !c.s.closing.Load() && body.Done()
+	keep := !req.Close && !c.s.closing.Load() && (body == nil || body.Done())
 	if err != nil {
 		keep = c.answerFailure(req, x, err, start, keep)
 	} else {
 		keep = c.relay(req, resp, x, start, keep)
 	}
-	if !body.Done() {
+	if body != nil && !body.Done() {
 		// The upstream did not read the whole one-shot body: the rest is
 		// still on the connection; the lingering close drains it, once the
 		// transport has let go of the connection's reader.
@@ -274,13 +276,12 @@ func (c *conn) target(req *http.Request) (target, error) {
 }
 
 // readBody holds the request body as its size and the upstream's limits
-// say. The guard lets the connection take its reader back from a one-shot
-// body that the transport may still be reading.
+// say (nil: the request has none). The guard lets the connection take its
+// reader back from a one-shot body that the transport may still be reading.
 func (c *conn) readBody(req *http.Request, lim policy.BodyLimits) (*spool.Body, *guard, error) {
 	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
 	if src == nil {
-		b, err := spool.New(nil, 0, spool.Limits{})
-		return b, nil, err
+		return nil, nil, nil
 	}
 	cl := req.ContentLength
 	if chunked(req) {
@@ -383,7 +384,7 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exch
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = nil // send none rather than Go's
 	}
-	if body.BodyKind() == engine.BodyNone {
+	if body == nil || body.BodyKind() == engine.BodyNone {
 		out.Body = http.NoBody
 	} else {
 		out.Body = body
