@@ -77,6 +77,7 @@ type h1Conn struct {
 	lr     limitedReader
 	br     *bufio.Reader
 	bw     *bufio.Writer
+	peek   *peeker
 	used   bool
 	idleAt time.Time
 	closed atomic.Bool
@@ -125,7 +126,10 @@ func (c *h1Conn) stale() bool {
 	if c.wc == nil || c.wc.raw == nil {
 		return false
 	}
-	fin, pending := peerState(c.wc.raw)
+	if c.peek == nil {
+		c.peek = newPeeker()
+	}
+	fin, pending := c.peek.state(c.wc.raw)
 	return fin || (pending && !c.tls)
 }
 

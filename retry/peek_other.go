@@ -4,5 +4,12 @@ package retry
 
 import "syscall"
 
+// peeker cannot tell outside Linux: it says nothing happened.
+type peeker struct{}
+
+func newPeeker() *peeker { return &peeker{} }
+
+func (*peeker) state(syscall.RawConn) (fin, pending bool) { return false, false }
+
 // peerState cannot tell outside Linux: it says nothing happened.
 func peerState(syscall.RawConn) (fin, pending bool) { return false, false }

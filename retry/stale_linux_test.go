@@ -216,3 +216,25 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 		t.Fatalf("dispatches counted %d (attempts %+v), upstream saw %d", dispatches, trc.Attempts, got)
 	}
 }
+
+// TestPeekAllocatesNothing: every reuse of a pooled connection is peeked
+// at; that must not cost an allocation.
+func TestPeekAllocatesNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pc := &h1Conn{wc: newWitnessConn(c)}
+	if pc.stale() {
+		t.Fatal("a live idle connection looks stale")
+	}
+	if allocs := testing.AllocsPerRun(100, func() { pc.stale() }); allocs != 0 {
+		t.Fatalf("%.1f allocations per peek", allocs)
+	}
+}

@@ -4,38 +4,52 @@ package witness
 
 import (
 	"fmt"
+	"sync"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
+// tcpInfoCall is one getsockopt(TCP_INFO), pooled with its method value so
+// that a snapshot allocates nothing.
+type tcpInfoCall struct {
+	info   unix.TCPInfo
+	optlen uint32
+	errno  syscall.Errno
+	fn     func(fd uintptr)
+}
+
+func (t *tcpInfoCall) call(fd uintptr) {
+	_, _, t.errno = unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&t.info)), uintptr(unsafe.Pointer(&t.optlen)), 0)
+}
+
+var tcpInfoCalls = sync.Pool{New: func() any {
+	t := &tcpInfoCall{}
+	t.fn = t.call
+	return t
+}}
+
 // Snapshot reads TCP_INFO of the socket behind c.
 func (TCPInfo) Snapshot(c syscall.RawConn) (Counters, error) {
 	if c == nil {
 		return Counters{}, ErrUnsupported
 	}
-	var (
-		info   unix.TCPInfo
-		optlen = uint32(unsafe.Sizeof(info))
-		serr   error
-	)
-	err := c.Control(func(fd uintptr) {
-		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
-			uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&optlen)), 0)
-		if errno != 0 {
-			serr = errno
-		}
-	})
-	if err != nil {
+	t := tcpInfoCalls.Get().(*tcpInfoCall)
+	defer tcpInfoCalls.Put(t)
+	t.info, t.errno = unix.TCPInfo{}, 0
+	t.optlen = uint32(unsafe.Sizeof(t.info))
+	if err := c.Control(t.fn); err != nil {
 		return Counters{}, fmt.Errorf("witness: tcp_info: %w", err)
 	}
-	if serr != nil {
+	if serr := t.errno; serr != 0 {
 		if serr == unix.ENOPROTOOPT || serr == unix.EOPNOTSUPP || serr == unix.ENOTSOCK {
 			return Counters{}, fmt.Errorf("%w: %v", ErrUnsupported, serr)
 		}
 		return Counters{}, fmt.Errorf("witness: tcp_info: %w", serr)
 	}
+	info, optlen := &t.info, t.optlen
 	has := func(off, size uintptr) bool { return uintptr(optlen) >= off+size }
 	out := Counters{
 		State:       info.State,

@@ -102,3 +102,27 @@ func TestTCPInfoUnsupportedOnUDP(t *testing.T) {
 		t.Fatal("TCP_INFO on a UDP socket succeeded")
 	}
 }
+
+// TestTCPInfoSnapshotAllocatesNothing: a snapshot is taken on every
+// attempt; it must not cost the proxy's hot path an allocation.
+func TestTCPInfoSnapshotAllocatesNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw := rawOf(t, c)
+	var w TCPInfo
+	if allocs := testing.AllocsPerRun(100, func() {
+		if _, err := w.Snapshot(raw); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs != 0 {
+		t.Fatalf("%.1f allocations per snapshot", allocs)
+	}
+}
