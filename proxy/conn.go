@@ -429,7 +429,7 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 // wantsUpgrade reports whether the request asks to switch protocols (e.g.
 // WebSocket); such a request is not retried but passed through.
 func wantsUpgrade(req *http.Request) bool {
-	if req.Header.Get("Upgrade") == "" {
+	if field(req.Header, "Upgrade") == "" {
 		return false
 	}
 	for _, v := range req.Header["Connection"] {

@@ -150,7 +150,7 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		return false
 	}
 	var shorten time.Duration
-	if v := req.Header.Get(HeaderTimeoutMs); v != "" {
+	if v := field(req.Header, HeaderTimeoutMs); v != "" {
 		ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || ms <= 0 || ms > 1<<40 {
 			c.refuse(req, id, start, http.StatusBadRequest, "bad "+HeaderTimeoutMs+" "+strconv.Quote(v))
@@ -162,7 +162,7 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	pol := cfg.Policy.Current()
 	up := pol.Match(tg.host, tg.port)
 	path := req.URL.Path
-	hasKey := req.Header.Get(policy.IdempotencyKeyHeader) != ""
+	hasKey := field(req.Header, policy.IdempotencyKeyHeader) != ""
 	rp := up.RetryPolicy(req.Method, path)
 	if up.InjectsKey(rp.Idempotency, req.Method, hasKey) {
 		req.Header.Set(policy.IdempotencyKeyHeader, policy.NewIdempotencyKey())
@@ -175,7 +175,7 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	}
 
 	// The body: held, spooled or streamed once (spec section 1).
-	if req.Header.Get("Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
+	if field(req.Header, "Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
 		c.c.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
 		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 		if c.bw.Flush() != nil {
@@ -467,7 +467,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 		if namedBy(conns, k) {
 			return ""
 		}
-		return resp.Header.Get(k)
+		return field(resp.Header, k)
 	}
 	cl := get("Content-Length")
 	// Egret-Outcome on a relayed response is the runner's mark of an
@@ -575,6 +575,14 @@ func outcomeLabel(ambiguous bool) string {
 		return engine.OutcomeAmbiguous.String()
 	}
 	return labelRelayed
+}
+
+// field is h.Get(k) for a canonical k, without canonicalizing it again.
+func field(h http.Header, k string) string {
+	if v := h[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // writeField writes one header field the proxy sets itself (a value it

@@ -289,7 +289,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 	if hasTE && !isChunked {
 		return nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
 	}
-	if e := h.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
+	if e := field(h, "Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
 		return nil, fmt.Errorf("%w: %q", ErrExpectation, e)
 	}
 	delete(h, "Host") // it is req.Host, as net/http has it
