@@ -710,7 +710,7 @@ func (c *h1Conn) readHead(req *http.Request, h hooks) (*http.Response, error) {
 			h.firstByte()
 		}
 		first = false
-		resp, err := http.ReadResponse(c.br, req)
+		resp, err := readResponse(c.br, req)
 		c.lr.n = -1
 		if err != nil {
 			return nil, fmt.Errorf("reading the response head: %w", err)
