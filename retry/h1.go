@@ -57,20 +57,24 @@ type h1Pool struct {
 	t *HTTPTransport
 
 	mu       sync.Mutex
-	idle     map[string][]*h1Conn // most recently used last
-	open     map[string]int       // connections per key, counted with MaxConnsPerHost
-	waiters  map[string][]chan struct{}
+	idle     map[poolKey][]*h1Conn // most recently used last
+	open     map[poolKey]int       // connections per key, counted with MaxConnsPerHost
+	waiters  map[poolKey][]chan struct{}
 	sweeping bool
 }
 
+// poolKey names the connections that can carry a request: scheme and
+// host:port.
+type poolKey struct{ scheme, addr string }
+
 func newH1Pool(t *HTTPTransport) *h1Pool {
-	return &h1Pool{t: t, idle: make(map[string][]*h1Conn), open: make(map[string]int), waiters: make(map[string][]chan struct{})}
+	return &h1Pool{t: t, idle: make(map[poolKey][]*h1Conn), open: make(map[poolKey]int), waiters: make(map[poolKey][]chan struct{})}
 }
 
 // h1Conn is one upstream connection; it carries one request at a time.
 type h1Conn struct {
 	p      *h1Pool
-	key    string
+	key    poolKey
 	nc     net.Conn // a *witnessConn, or a *tls.Conn over one
 	wc     *witnessConn
 	tls    bool
@@ -134,7 +138,7 @@ func (c *h1Conn) stale() bool {
 }
 
 // release forgets a closed connection of key and wakes one waiter.
-func (p *h1Pool) release(key string) {
+func (p *h1Pool) release(key poolKey) {
 	if p.t.opts.MaxConnsPerHost <= 0 {
 		return
 	}
@@ -156,7 +160,7 @@ func (p *h1Pool) release(key string) {
 // get returns an idle connection of key that is still open, or reserves the
 // right to dial a new one (nil, nil), waiting for one while MaxConnsPerHost
 // are open.
-func (p *h1Pool) get(ctx context.Context, key string) (*h1Conn, error) {
+func (p *h1Pool) get(ctx context.Context, key poolKey) (*h1Conn, error) {
 	limit := p.t.opts.MaxConnsPerHost
 	for {
 		p.mu.Lock()
@@ -205,7 +209,7 @@ func (p *h1Pool) get(ctx context.Context, key string) (*h1Conn, error) {
 	}
 }
 
-func (p *h1Pool) wakeOne(key string) {
+func (p *h1Pool) wakeOne(key poolKey) {
 	p.mu.Lock()
 	if w := p.waiters[key]; len(w) > 0 {
 		close(w[0])
@@ -284,13 +288,13 @@ func (p *h1Pool) closeIdle() {
 }
 
 // dial opens a new connection for key.
-func (p *h1Pool) dial(ctx context.Context, key, scheme, addr string) (*h1Conn, error) {
+func (p *h1Pool) dial(ctx context.Context, key poolKey) (*h1Conn, error) {
 	var nc net.Conn
 	var err error
-	if scheme == "https" {
-		nc, err = p.t.dialTLSH1(ctx, "tcp", addr)
+	if key.scheme == "https" {
+		nc, err = p.t.dialTLSH1(ctx, "tcp", key.addr)
 	} else {
-		nc, err = p.t.dialPlain(ctx, "tcp", addr)
+		nc, err = p.t.dialPlain(ctx, "tcp", key.addr)
 	}
 	if err != nil {
 		if p.t.opts.MaxConnsPerHost > 0 {
@@ -298,7 +302,7 @@ func (p *h1Pool) dial(ctx context.Context, key, scheme, addr string) (*h1Conn, e
 		}
 		return nil, err
 	}
-	c := &h1Conn{p: p, key: key, nc: nc, wc: witnessConnOf(nc), tls: scheme == "https"}
+	c := &h1Conn{p: p, key: key, nc: nc, wc: witnessConnOf(nc), tls: key.scheme == "https"}
 	c.lr.c = nc
 	c.br = bufio.NewReaderSize(&c.lr, h1ReadBuffer)
 	c.bw = bufio.NewWriterSize(nc, h1WriteBuffer)
@@ -311,9 +315,8 @@ func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
 	if err := validHeader(req); err != nil {
 		return nil, err
 	}
-	scheme := req.URL.Scheme
 	addr := canonicalAddr(req.URL)
-	key := scheme + "://" + addr
+	key := poolKey{req.URL.Scheme, addr}
 	ctx := req.Context()
 	h := hooks{at: attemptOf(ctx), ct: httptrace.ContextClientTrace(ctx)}
 	if h.at != nil && h.at.viaHTTPTrace {
@@ -327,7 +330,7 @@ func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if c == nil {
-		if c, err = p.dial(withHTTPTrace(ctx), key, scheme, addr); err != nil {
+		if c, err = p.dial(withHTTPTrace(ctx), key); err != nil {
 			return nil, err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -176,7 +177,7 @@ func TestH1MaxIdlePerHost(t *testing.T) {
 		}
 	}
 	base.h1.mu.Lock()
-	idle := len(base.h1.idle["http://"+srv.ln.Addr().String()])
+	idle := len(base.h1.idle[poolKey{"http", srv.ln.Addr().String()}])
 	base.h1.mu.Unlock()
 	if idle != 2 {
 		t.Fatalf("%d idle connections, want 2", idle)
@@ -288,5 +289,26 @@ func TestH1RequestWireFormat(t *testing.T) {
 	req.ContentLength = 10
 	if _, err := base.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "ended after 3 of its 10 bytes") {
 		t.Fatalf("short body: %v", err)
+	}
+}
+
+func TestCanonicalAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://example.com/":          "example.com:80",
+		"https://example.com/":         "example.com:443",
+		"http://example.com:8080/":     "example.com:8080",
+		"http://127.0.0.1:9/":          "127.0.0.1:9",
+		"http://[::1]:9/":              "[::1]:9",
+		"https://[::1]/":               "[::1]:443",
+		"http://[fe80::1%25eth0]:9/":   "[fe80::1%eth0]:9",
+		"http://[fe80::1%25eth0]/path": "[fe80::1%eth0]:80",
+	} {
+		u, err := url.Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := canonicalAddr(u); got != want {
+			t.Errorf("%s: %q, want %q", in, got, want)
+		}
 	}
 }

@@ -257,6 +257,9 @@ func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, proto
 // canonicalAddr is the URL's host:port with the scheme's default port.
 func canonicalAddr(u *url.URL) string {
 	port := u.Port()
+	if port != "" && u.Hostname() != "" && !strings.Contains(u.Hostname(), "%") {
+		return u.Host // already host:port (an IPv6 literal in brackets)
+	}
 	if port == "" {
 		port = "80"
 		if u.Scheme == "https" {
