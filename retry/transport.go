@@ -488,6 +488,11 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 	if err == nil && fired {
 		resp.Body.Close()
 		resp, err = nil, context.Cause(actx)
+		if err == nil {
+			// The timer has marked itself fired but is still freezing
+			// the connection: it has not cancelled actx yet.
+			err = errAttemptTimeout
+		}
 	}
 	at.mu.Lock()
 	rec.HiddenRetries = at.hidden
