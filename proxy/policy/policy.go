@@ -19,6 +19,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
@@ -134,7 +136,26 @@ type Upstream struct {
 	tlsID     string // digest of what tlsConfig was built from
 	refresher *Refresher
 	refresh   func(ctx context.Context, req *http.Request) error
+	// dests keeps the copies made for destinations (an entry without a
+	// fixed name), so that a request does not copy the entry.
+	dests *destCache
 }
+
+// destCache holds an unnamed entry's per-destination copies, up to
+// maxDests of them (then a request gets a copy of its own).
+type destCache struct {
+	m sync.Map // dest -> *Upstream
+	n atomic.Int32
+}
+
+type dest struct {
+	host string
+	port int
+}
+
+const maxDests = 4096
+
+func newDestCache() *destCache { return &destCache{} }
 
 // Policy is a parsed policy file: the defaults and the upstream entries.
 type Policy struct {
@@ -220,8 +241,19 @@ func (u *Upstream) forDestination(host string, port int) *Upstream {
 	if u.named {
 		return u
 	}
+	if u.dests != nil {
+		if c, ok := u.dests.m.Load(dest{host, port}); ok {
+			return c.(*Upstream)
+		}
+	}
 	c := *u
-	c.Name = net.JoinHostPort(host, strconv.Itoa(port))
+	c.Name, c.dests = net.JoinHostPort(host, strconv.Itoa(port)), nil
+	if u.dests != nil && u.dests.n.Load() < maxDests {
+		if prev, loaded := u.dests.m.LoadOrStore(dest{host, port}, &c); loaded {
+			return prev.(*Upstream)
+		}
+		u.dests.n.Add(1)
+	}
 	return &c
 }
 

@@ -1,11 +1,13 @@
 package policy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +59,9 @@ func TestDefaultFollowsSpec(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", empty, err)
 		}
-		if !reflect.DeepEqual(p.Defaults, d.Defaults) {
+		pd, dd := *p.Defaults, *d.Defaults
+		pd.dests, dd.dests = nil, nil // caches of their own
+		if !reflect.DeepEqual(pd, dd) {
 			t.Errorf("%q: defaults %+v, want %+v", empty, p.Defaults, d.Defaults)
 		}
 	}
@@ -102,6 +106,9 @@ func TestExampleEveryField(t *testing.T) {
 	}
 	got := *u
 	got.named, got.tlsConfig, got.tlsID, got.refresher, got.refresh = false, nil, "", nil, nil
+	if got.dests != nil {
+		t.Error("a named entry has a destination cache")
+	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("upstreams[0]\n got %+v\nwant %+v", got, want)
 	}
@@ -339,5 +346,41 @@ upstreams:
 	}
 	if d.MaxAttempts != 5 || !d.Idempotent("POST", "/rpc/x", false) {
 		t.Errorf("defaults = %+v", d)
+	}
+}
+
+// TestMatchKeepsOneCopyPerDestination: an entry without a fixed name is
+// named after each destination; the copy is made once per destination
+// (not per request), and stays right under concurrent use.
+func TestMatchKeepsOneCopyPerDestination(t *testing.T) {
+	p := Default()
+	a1, a2 := p.Match("a.example", 80), p.Match("A.example.", 80)
+	b := p.Match("b.example", 80)
+	if a1 != a2 || a1.Name != "a.example:80" || b.Name != "b.example:80" || a1 == b {
+		t.Fatalf("a %p %q / %p %q, b %p %q", a1, a1.Name, a2, a2.Name, b, b.Name)
+	}
+	if p.Defaults.Name != "" {
+		t.Fatalf("the defaults were renamed: %q", p.Defaults.Name)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range maxDests/4 + 100 {
+				host := fmt.Sprintf("h%d.example", (g*977+i)%(maxDests+500))
+				if u := p.Match(host, 8080); u.Name != host+":8080" {
+					t.Errorf("%s: named %q", host, u.Name)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := p.Defaults.dests.n.Load(); n > maxDests {
+		t.Fatalf("%d destinations cached, bound %d", n, maxDests)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { p.Match("a.example", 80) }); allocs != 0 {
+		t.Fatalf("%.1f allocations per Match of a known destination", allocs)
 	}
 }

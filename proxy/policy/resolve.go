@@ -310,6 +310,7 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 	r.check(&def, defOrigins)
 	r.finish(&def, defOrigins, "defaults")
 	p.Defaults = &def
+	def.dests = newDestCache()
 
 	// Group entries by what they match, keeping first-seen order.
 	type group struct {
@@ -356,7 +357,7 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 	nameAt := map[string]pos{}
 	for _, g := range groups {
 		u := def
-		u.refresher, u.refresh, u.tlsConfig, u.tlsID = nil, nil, nil, ""
+		u.refresher, u.refresh, u.tlsConfig, u.tlsID, u.dests = nil, nil, nil, "", nil
 		o := make(origins, len(defOrigins)+8)
 		for k, v := range defOrigins {
 			o[k] = v
@@ -382,6 +383,9 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 				names[u.Name] = &u
 				nameAt[u.Name] = last.at
 			}
+		}
+		if !u.named {
+			u.dests = newDestCache()
 		}
 		p.Upstreams = append(p.Upstreams, &u)
 		index := p.exact
