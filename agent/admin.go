@@ -143,7 +143,7 @@ type AttemptView struct {
 	Err           string           `json:"error,omitempty"`
 	Decision      string           `json:"decision"`
 	Reason        string           `json:"reason"`
-	Budget        float64          `json:"budget"`
+	Budget        *float64         `json:"budget,omitempty"` // absent: not consulted (a success)
 	WitnessBefore witness.Counters `json:"witness_before"`
 	WitnessAfter  witness.Counters `json:"witness_after"`
 }
@@ -158,11 +158,15 @@ func ViewTrace(tr retry.Trace) TraceView {
 		av := AttemptView{
 			N: at.N, DurationMs: float64(at.Duration.Microseconds()) / 1000, Stage: at.Stage.String(),
 			Evidence: at.Evidence.String(), Upgraded: at.Upgraded, Status: at.Status, Err: at.Err,
-			Decision: at.Decision.Decision.String(), Reason: at.Decision.Reason.String(), Budget: at.Budget,
+			Decision: at.Decision.Decision.String(), Reason: at.Decision.Reason.String(),
 			WitnessBefore: at.WitnessBefore, WitnessAfter: at.WitnessAfter,
 		}
 		if at.Failure != 0 {
 			av.Failure = at.Failure.String()
+		}
+		if at.BudgetRead {
+			b := at.Budget
+			av.Budget = &b
 		}
 		v.Attempts = append(v.Attempts, av)
 	}

@@ -127,8 +127,10 @@ type Attempt struct {
 	Status                      int
 	Err                         string
 	Decision                    engine.Result
-	// Budget is the upstream's retry tokens when the decision was taken.
-	Budget float64
+	// Budget is the upstream's retry tokens when the decision was taken,
+	// if it consulted them (BudgetRead: a success never does).
+	Budget     float64
+	BudgetRead bool
 	// HiddenRetries counts connections net/http moved to inside this
 	// attempt (its own replay of a request on a pooled connection that
 	// died) after bytes of the request left on the previous one: each is

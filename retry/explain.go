@@ -43,7 +43,9 @@ func (t *Trace) Explain() string {
 		if a.Decision.Decision == engine.Retry {
 			fmt.Fprintf(&b, " after %s", a.Decision.Wait.Round(time.Microsecond))
 		}
-		fmt.Fprintf(&b, ", budget %.1f", a.Budget)
+		if a.BudgetRead {
+			fmt.Fprintf(&b, ", budget %.1f", a.Budget)
+		}
 		if a.Err != "" {
 			fmt.Fprintf(&b, "; error: %s", a.Err)
 		}

@@ -552,3 +552,32 @@ func TestBudgetIsSharedAcrossTransports(t *testing.T) {
 		t.Fatalf("%v retries through two Transports, shared bound %v", retries, bound)
 	}
 }
+
+// TestExplainBudgetOnlyWhenConsulted: a retried 503 shows the budget its
+// decision read; the 200 after it never consults the budget and says
+// nothing of it.
+func TestExplainBudgetOnlyWhenConsulted(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	tr, _, _ := testTransport(t, nil)
+	resp, err := tr.RoundTrip(get(t, srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	trc, _ := TraceOf(resp)
+	if len(trc.Attempts) != 2 || !trc.Attempts[0].BudgetRead || trc.Attempts[1].BudgetRead {
+		t.Fatalf("attempts %+v", trc.Attempts)
+	}
+	lines := strings.Split(trc.Explain(), "\n")
+	if !strings.Contains(lines[1], "status 503") || !strings.Contains(lines[1], ", budget ") ||
+		!strings.Contains(lines[2], "status 200") || strings.Contains(lines[2], "budget") {
+		t.Fatalf("explanation:\n%s", trc.Explain())
+	}
+}

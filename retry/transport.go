@@ -637,7 +637,7 @@ func (r *run) decide(n int, rec *Attempt, ar *attemptResult) engine.Result {
 			res = engine.Result{Decision: engine.Deny, Reason: engine.ReasonBudgetExhausted}
 		}
 	}
-	rec.Budget = in.BudgetTokens
+	rec.Budget, rec.BudgetRead = in.BudgetTokens, ar.resp == nil || rec.Status >= 400
 	rec.Decision = res
 	r.ledger.Record(rec.Evidence, rec.Failure, rec.Status, res)
 	return res

@@ -277,7 +277,11 @@ func writeExplain(w io.Writer, tv agent.TraceView) {
 		if a.Upgraded {
 			fmt.Fprint(w, " (upgraded by the witness)")
 		}
-		fmt.Fprintf(w, "; decision %s/%s; budget %.1f\n", a.Decision, a.Reason, a.Budget)
+		fmt.Fprintf(w, "; decision %s/%s", a.Decision, a.Reason)
+		if a.Budget != nil {
+			fmt.Fprintf(w, "; budget %.1f", *a.Budget)
+		}
+		fmt.Fprintln(w)
 		if src := a.WitnessAfter.Source; src != "" {
 			fmt.Fprintf(w, "    witness (%s): bytes sent %d -> %d, data segments %d -> %d, acked %d, retransmits %d, reset %v\n",
 				src, a.WitnessBefore.BytesSent, a.WitnessAfter.BytesSent, a.WitnessBefore.DataSegsOut,
