@@ -8,6 +8,7 @@ import (
 	"net/http/pprof"
 	"time"
 
+	"github.com/egret-proxy/egret/internal/textlog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
@@ -17,7 +18,9 @@ import (
 func newLogger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
 	switch c.String("log-format") {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, nil)), nil
+		// slog's text format, written faster for the per-request lines.
+		h, _ := textlog.New(w, nil)
+		return slog.New(h), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, nil)), nil
 	}
