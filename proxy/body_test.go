@@ -241,3 +241,37 @@ func TestEarlyAnswerReadableWhileClientStillSends(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+// TestStreamedUploadKeepsTheConnection: a sized upload over the spool
+// limit goes out once, streamed; once the upstream had all of it, the
+// client's keep-alive connection carries the next request (the proxy
+// knows the body was read to its end).
+func TestStreamedUploadKeepsTheConnection(t *testing.T) {
+	var got atomic.Int64
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		got.Add(n)
+		io.WriteString(w, "ok")
+	})
+	p := startProxy(t, Config{Policy: mustPolicy(t, smallBodies)})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	for i := range 2 {
+		fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n%s", up.url("/up"), strings.Repeat("u", 1000))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if readAll(t, resp.Body) != "ok" || resp.Close {
+			t.Fatalf("request %d: status %d, close %v", i, resp.StatusCode, resp.Close)
+		}
+	}
+	if got.Load() != 2000 {
+		t.Fatalf("upstream got %d bytes", got.Load())
+	}
+}

@@ -90,6 +90,9 @@ type h1Conn struct {
 	bodySent atomic.Bool
 	// readingSource: that goroutine waits on the body's source.
 	readingSource atomic.Bool
+	// writeErr: that goroutine failed before the response head came, and
+	// stopped its read.
+	writeErr atomic.Pointer[error]
 }
 
 // limitedReader reads the connection, failing once more than n bytes were
@@ -444,7 +447,8 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 			h.wroteRequest(werr)
 			if werr != nil && !headRead.Load() {
 				// The request cannot be completed: stop waiting for an
-				// answer to it.
+				// answer to it, and say why.
+				c.writeErr.Store(&werr)
 				c.nc.SetReadDeadline(aLongTimeAgo)
 			}
 			wdone <- werr
@@ -453,6 +457,9 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 
 	resp, err := c.readHead(req, h)
 	if err != nil {
+		if we := c.writeErr.Load(); we != nil {
+			err = *we // the read was stopped because the write failed
+		}
 		if wdone != nil {
 			// Stop the body's write; the connection freezes for the
 			// witness when it closes.
@@ -633,7 +640,7 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 		buf := *bp
 		if !chunked {
 			if sent == cl {
-				return nil
+				return c.bodyEnds(body)
 			}
 			if int64(len(buf)) > cl-sent {
 				buf = buf[:cl-sent]
@@ -674,6 +681,24 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 			return err
 		}
 	}
+}
+
+// bodyEnds reads once more after a sized body's last byte, as net/http
+// does: the source then sees its end (a proxy's client body knows it was
+// read whole, so the client connection stays open), and a body longer than
+// its Content-Length is refused rather than cut short in silence.
+func (c *h1Conn) bodyEnds(body io.Reader) error {
+	var one [1]byte
+	c.readingSource.Store(true)
+	n, err := body.Read(one[:])
+	c.readingSource.Store(false)
+	switch {
+	case n > 0:
+		return fmt.Errorf("%w: request body longer than its Content-Length", ErrRequestInvalid)
+	case err == io.EOF || err == nil:
+		return nil
+	}
+	return err
 }
 
 // inMemory reports whether reading body cannot wait on anything (a byte or

@@ -312,3 +312,47 @@ func TestCanonicalAddr(t *testing.T) {
 		}
 	}
 }
+
+// eofSeen is a one-shot body that records whether its end was read.
+type eofSeen struct {
+	r   io.Reader
+	eof atomic.Bool
+}
+
+func (e *eofSeen) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		e.eof.Store(true)
+	}
+	return n, err
+}
+
+func (e *eofSeen) Close() error { return nil }
+
+// TestH1SizedStreamedBodyReadToItsEnd: after the last byte of a sized body
+// that streams (a proxy's client upload), the source is read once more and
+// sees its end, so its owner knows nothing is left unread; a body longer
+// than its Content-Length is refused.
+func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
+	var seen atomic.Int64
+	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	base := NewHTTPTransport(HTTPOptions{})
+	defer base.CloseIdleConnections()
+	for _, size := range []int{100, 300 << 10} {
+		body := &eofSeen{r: io.MultiReader(strings.NewReader(strings.Repeat("b", size)))}
+		req, _ := http.NewRequest("PUT", srv.url(), nil)
+		req.Body, req.ContentLength = body, int64(size)
+		roundTripBody(t, base, req)
+		if !body.eof.Load() {
+			t.Fatalf("%d bytes: the body's end was never read", size)
+		}
+	}
+	long := &eofSeen{r: io.MultiReader(strings.NewReader(strings.Repeat("b", 20)))}
+	req, _ := http.NewRequest("PUT", srv.url(), nil)
+	req.Body, req.ContentLength = long, 10
+	if _, err := base.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "longer than its Content-Length") {
+		t.Fatalf("long body: %v", err)
+	}
+}
