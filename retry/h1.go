@@ -73,18 +73,19 @@ func newH1Pool(t *HTTPTransport) *h1Pool {
 
 // h1Conn is one upstream connection; it carries one request at a time.
 type h1Conn struct {
-	p      *h1Pool
-	key    poolKey
-	nc     net.Conn // a *witnessConn, or a *tls.Conn over one
-	wc     *witnessConn
-	tls    bool
-	lr     limitedReader
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	peek   *peeker
-	used   bool
-	idleAt time.Time
-	closed atomic.Bool
+	p       *h1Pool
+	key     poolKey
+	nc      net.Conn // a *witnessConn, or a *tls.Conn over one
+	wc      *witnessConn
+	tls     bool
+	lr      limitedReader
+	br      *bufio.Reader
+	bw      *bufio.Writer
+	peek    *peeker
+	scratch headScratch
+	used    bool
+	idleAt  time.Time
+	closed  atomic.Bool
 	// bodySent: the body written beside the response's read has all left
 	// (its goroutine is about to report).
 	bodySent atomic.Bool
@@ -738,7 +739,7 @@ func (c *h1Conn) readHead(req *http.Request, h hooks) (*http.Response, error) {
 			h.firstByte()
 		}
 		first = false
-		resp, err := readResponse(c.br, req)
+		resp, err := readResponse(c.br, req, &c.scratch)
 		c.lr.n = -1
 		if err != nil {
 			return nil, fmt.Errorf("reading the response head: %w", err)

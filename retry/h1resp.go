@@ -26,11 +26,18 @@ const maxHeaderFields = 1000
 // does: the whole head is copied into one string that the status, keys and
 // values are cut from, so that a response costs a few allocations rather
 // than one per line.
-func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
-	var buf [1024]byte
-	head := buf[:0]
-	var lines [64]int // end offsets of the lines in head
-	ends := lines[:0]
+func readResponse(br *bufio.Reader, req *http.Request, sc *headScratch) (*http.Response, error) {
+	if sc == nil {
+		sc = &headScratch{}
+	}
+	head, ends := sc.head[:0], sc.ends[:0] // the head's bytes; the end offset of each line
+	defer func() {
+		if cap(head) <= 16<<10 && cap(ends) <= 256 { // a huge head's room is not kept
+			sc.head, sc.ends = head[:0], ends[:0]
+		} else {
+			sc.head, sc.ends = nil, nil
+		}
+	}()
 	for {
 		line, err := readHeadLine(br)
 		if err != nil {
@@ -103,6 +110,14 @@ func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// headScratch is the room a connection reads its response heads in, kept
+// from one response to the next (off the goroutine's stack, which a proxy
+// keeps for each idle client connection).
+type headScratch struct {
+	head []byte
+	ends []int
 }
 
 // readHeadLine returns the next line without its CRLF (or LF), valid until

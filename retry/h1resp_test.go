@@ -48,7 +48,9 @@ func parseWith(read func(*bufio.Reader, *http.Request) (*http.Response, error), 
 // ours accepts, net/http must accept it alike; strict says ours must also
 // accept whatever net/http accepts.
 func compare(raw, method string, strict bool) error {
-	ours, oerr := parseWith(readResponse, raw, method)
+	ours, oerr := parseWith(func(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+		return readResponse(br, req, nil)
+	}, raw, method)
 	theirs, terr := parseWith(http.ReadResponse, raw, method)
 	switch {
 	case oerr != nil && terr != nil:
@@ -122,7 +124,9 @@ func TestReadResponseAsNetHTTP(t *testing.T) {
 		if tc.method == "" {
 			tc.method = "GET"
 		}
-		_, err := parseWith(readResponse, tc.raw, tc.method)
+		_, err := parseWith(func(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+			return readResponse(br, req, nil)
+		}, tc.raw, tc.method)
 		if (err != nil) != tc.refuse {
 			t.Errorf("%q: error %v, want refused %v", tc.raw, err, tc.refuse)
 			continue

@@ -291,24 +291,20 @@ func (r *run) do() (*http.Response, error) {
 		r.trace.URL = req.URL.String()
 	}
 	if err := validate(req); err != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
-		rec := Attempt{N: 1, Start: r.start, Stage: StagePool, Failure: engine.RequestInvalid,
-			Evidence: engine.NotSent, Err: err.Error(), Decision: engine.Result{Reason: engine.ReasonPermanentFailure}}
-		r.ledger.Record(engine.NotSent, engine.RequestInvalid, 0, rec.Decision)
-		r.trace.Attempts = append(r.trace.Attempts, rec)
-		return nil, r.fail(fmt.Errorf("%w: %w", ErrRequestInvalid, err))
+		return nil, r.invalid(err)
 	}
 	r.budget = t.budgets.Get(r.pol.Upstream, r.pol.Budget)
 	r.budget.Earn(t.now())
 
 	body := req.Body
 	for n := 1; ; n++ {
-		ar, rec := r.attempt(n, body)
-		res := r.decide(n, &rec, ar)
-		r.trace.Attempts = append(r.trace.Attempts, rec)
-		t.Metrics.attempt(&rec)
+		// The attempt is recorded in place in the trace (an Attempt is
+		// large: copies of it would deepen every request's stack).
+		r.trace.Attempts = append(r.trace.Attempts, Attempt{N: n})
+		rec := &r.trace.Attempts[len(r.trace.Attempts)-1]
+		ar := r.attempt(rec, body)
+		res := r.decide(n, rec, ar)
+		t.Metrics.attempt(rec)
 		if ar.resp == nil && rec.Evidence != engine.NotSent {
 			r.keptAfter = true
 		}
@@ -337,6 +333,21 @@ func (r *run) do() (*http.Response, error) {
 			body = b
 		}
 	}
+}
+
+// invalid ends a request no attempt could send (a function of its own:
+// the request's path keeps a small stack frame).
+//
+//go:noinline
+func (r *run) invalid(err error) error {
+	if r.req.Body != nil {
+		r.req.Body.Close()
+	}
+	r.trace.Attempts = append(r.trace.Attempts, Attempt{N: 1, Start: r.start, Stage: StagePool,
+		Failure: engine.RequestInvalid, Evidence: engine.NotSent, Err: err.Error(),
+		Decision: engine.Result{Reason: engine.ReasonPermanentFailure}})
+	r.ledger.Record(engine.NotSent, engine.RequestInvalid, 0, r.trace.Attempts[0].Decision)
+	return r.fail(fmt.Errorf("%w: %w", ErrRequestInvalid, err))
 }
 
 // validate refuses what no attempt could send.
@@ -420,10 +431,10 @@ func (a *attemptTimer) hasFired() bool {
 }
 
 // attempt runs attempt n and classifies how it ended.
-func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt) {
+func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 	t := r.t
-	rec = Attempt{N: n, Start: t.now()}
-	ar = &attemptResult{}
+	rec.Start = t.now()
+	ar := &attemptResult{}
 	// Only an attempt timeout needs a context of its own; the request's
 	// context bounds the rest.
 	actx, cancel := r.ctx, context.CancelCauseFunc(func(error) {})
@@ -462,7 +473,7 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 			}
 			ar.err = err
 			rec.Stage, rec.Failure, rec.Evidence, rec.Err = StagePool, engine.PoolTimeout, engine.NotSent, err.Error()
-			return ar, rec
+			return ar
 		}
 		if release != nil {
 			ar.release = release
@@ -503,8 +514,8 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 		rec.Err = err.Error()
 		rec.Failure, rec.Stage = at.classify(err, timedOut)
 		rec.Evidence = rec.Failure.Evidence()
-		r.witness(at, &rec)
-		return ar, rec
+		r.witness(at, rec)
+		return ar
 	}
 	rec.Status = resp.StatusCode
 	rec.Stage = StageComplete
@@ -528,12 +539,12 @@ func (r *run) attempt(n int, body io.ReadCloser) (ar *attemptResult, rec Attempt
 			ar.err = perr
 			rec.Err = perr.Error()
 			rec.Stage, rec.Failure, rec.Evidence = StageBody, engine.BodyInterrupted, engine.PartialResponse
-			return ar, rec
+			return ar
 		}
 		ar.peek, ar.peekErr, ar.peekBuf = buf[:k], perr, bp
 	}
 	ar.resp = resp
-	return ar, rec
+	return ar
 }
 
 // witness lets the kernel witness upgrade sent_no_response to not_sent.

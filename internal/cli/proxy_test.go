@@ -7,10 +7,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,10 +26,7 @@ import (
 // listens, shows a retry in Egret-Attempts, logs the outcome in one line,
 // and on SIGTERM lets an in-flight request finish and exits 0.
 func TestProxyCommandRetriesAndDrains(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "egret")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/egret").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildEgret(t)
 	var n atomic.Int64
 	slowStarted := make(chan struct{}, 1)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -126,6 +126,124 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 	waitLine(t, lines, `msg="egret proxy stopped"`)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("egret proxy after SIGTERM: %v, want exit 0", err)
+	}
+}
+
+// buildEgret builds the egret binary once for the package's tests.
+func buildEgret(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "egret-cli-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		built = filepath.Join(dir, "egret")
+		if out, err := exec.Command("go", "build", "-o", built, "../../cmd/egret").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return built
+}
+
+var (
+	buildOnce sync.Once
+	built     string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built != "" {
+		os.RemoveAll(filepath.Dir(built))
+	}
+	os.Exit(code)
+}
+
+// TestIdleConnectionsKeepSmallStacks runs `egret proxy` as a user would
+// (witness, text log, metrics) and opens idle keep-alive connections, each
+// after one request: each costs its goroutine's stack, and the attempt runs
+// on that goroutine (retry's HTTP/1.1 client), so the path of a request
+// must fit the smallest stack (8 KiB), or every idle connection keeps a
+// doubled one (the issue bounds memory per idle connection at 16 KiB).
+func TestIdleConnectionsKeepSmallStacks(t *testing.T) {
+	bin := buildEgret(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
+	go up.Serve(ln)
+	defer up.Close()
+	cmd := exec.Command(bin, "proxy", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	addrRe := regexp.MustCompile(`msg="egret proxy listening" addr=(\S+)`)
+	metricsRe := regexp.MustCompile(`msg="egret metrics" addr=(\S+)`)
+	var addr, metrics string
+	sc := bufio.NewScanner(stderr)
+	for (addr == "" || metrics == "") && sc.Scan() {
+		if m := addrRe.FindStringSubmatch(sc.Text()); m != nil {
+			addr = m[1]
+		}
+		if m := metricsRe.FindStringSubmatch(sc.Text()); m != nil {
+			metrics = m[1]
+		}
+	}
+	go io.Copy(io.Discard, stderr)
+	if addr == "" || metrics == "" {
+		t.Fatal("egret proxy did not say where it listens")
+	}
+	stacks := func() float64 {
+		time.Sleep(100 * time.Millisecond)
+		resp, err := http.Get("http://" + metrics + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_stack_inuse_bytes "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return f
+			}
+		}
+		t.Fatal("no go_memstats_stack_inuse_bytes")
+		return 0
+	}
+	one := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: x\r\n\r\n", ln.Addr())
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		return c
+	}
+	defer one().Close() // pools warm
+	before := stacks()
+	const n = 1000
+	for range n {
+		c := one()
+		defer c.Close()
+	}
+	per := (stacks() - before) / n
+	t.Logf("stack per idle connection: %.0f B", per)
+	if per > 8400 { // 8 KiB each, and room for the odd goroutine that grew
+		t.Fatalf("%.0f B of stack per idle connection, want about 8 KiB", per)
 	}
 }
 
