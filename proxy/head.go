@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/egret-proxy/egret/internal/h1body"
 )
 
 // Errors of reading a client request; each maps to the status the client is
@@ -541,34 +543,9 @@ func bodyReader(req *http.Request, br *bufio.Reader, maxTrailer int) io.Reader {
 	case chunked(req):
 		return &chunkedBody{r: httputil.NewChunkedReader(br), br: br, max: maxTrailer}
 	case req.ContentLength > 0:
-		return &fixedBody{r: br, n: req.ContentLength}
+		return h1body.NewSized(br, req.ContentLength)
 	}
 	return nil
-}
-
-// fixedBody reads exactly n bytes, and reports a body cut short as
-// io.ErrUnexpectedEOF.
-type fixedBody struct {
-	r io.Reader
-	n int64
-}
-
-func (b *fixedBody) Read(p []byte) (int, error) {
-	if b.n <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > b.n {
-		p = p[:b.n]
-	}
-	n, err := b.r.Read(p)
-	b.n -= int64(n)
-	if err == io.EOF && b.n > 0 {
-		err = io.ErrUnexpectedEOF
-	}
-	if err == io.EOF {
-		err = nil
-	}
-	return n, err
 }
 
 // chunkedBody decodes a chunked body and, at its end, reads and drops the

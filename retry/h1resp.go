@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/egret-proxy/egret/internal/h1body"
 )
 
 // errMalformedResponse: the upstream's response head is not HTTP/1.x.
@@ -205,7 +207,7 @@ func frame(resp *http.Response, br *bufio.Reader, req *http.Request) error {
 	case cl == 0:
 		resp.Body, resp.ContentLength = http.NoBody, 0
 	case cl > 0:
-		resp.Body, resp.ContentLength = &sizedBody{br: br, n: cl}, cl
+		resp.Body, resp.ContentLength = h1body.NewSized(br, cl), cl
 	default:
 		// Neither: the body is what comes until the upstream closes.
 		resp.Close = true
@@ -224,33 +226,6 @@ func closes(resp *http.Response) bool {
 	}
 	return httpguts.HeaderValuesContainsToken(conn, "close")
 }
-
-// sizedBody reads exactly n bytes; a connection that ends first is an
-// unexpected EOF.
-type sizedBody struct {
-	br *bufio.Reader
-	n  int64
-}
-
-func (b *sizedBody) Read(p []byte) (int, error) {
-	if b.n <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > b.n {
-		p = p[:b.n]
-	}
-	n, err := b.br.Read(p)
-	b.n -= int64(n)
-	if b.n == 0 {
-		return n, io.EOF
-	}
-	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return n, err
-}
-
-func (b *sizedBody) Close() error { return nil }
 
 // chunkedBody reads a chunked body and, at its end, the trailer section
 // (dropped: egret does not relay trailers).

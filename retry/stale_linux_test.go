@@ -74,9 +74,11 @@ func TestPeerClosed(t *testing.T) {
 	}
 }
 
-// lazyReader delays every read after the first on a connection, so that
-// net/http's idle read loop notices an upstream's close late: the window in
-// which a pooled connection is reused just as the upstream closes it.
+// lazyReader delays every read after the first on a connection, so that a
+// pool that learns of an upstream's close only by reading (as net/http's
+// idle read loop does) learns of it late: the window in which a pooled
+// connection is reused just as the upstream closes it. HTTPTransport's pool
+// peeks at the socket instead, which the delay does not touch.
 type lazyReader struct {
 	net.Conn
 	reads atomic.Int64
@@ -90,6 +92,19 @@ func (l *lazyReader) Read(p []byte) (int, error) {
 }
 
 func (l *lazyReader) NetConn() net.Conn { return l.Conn }
+
+// lazyTransport is an HTTPTransport whose connections are lazyReaders.
+func lazyTransport(t *testing.T) *HTTPTransport {
+	base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &lazyReader{Conn: c}, nil
+	}})
+	t.Cleanup(base.CloseIdleConnections)
+	return base
+}
 
 // TestStalePooledConnectionPOSTIsNotSent: the upstream closes an idle
 // keep-alive connection just before a POST would reuse it. Writing the POST
@@ -116,14 +131,7 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 				}
 			}
 		})
-		base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &lazyReader{Conn: c}, nil
-		}})
-		t.Cleanup(base.CloseIdleConnections)
+		base := lazyTransport(t)
 		tr, _, _ := testTransport(t, nil)
 		tr.Base = base
 		tr.Witness = w
@@ -175,14 +183,7 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &lazyReader{Conn: c}, nil
-	}})
-	t.Cleanup(base.CloseIdleConnections)
+	base := lazyTransport(t)
 	tr, _, _ := testTransport(t, nil)
 	tr.Base = base
 	tr.Witness = witness.TCPInfo{}

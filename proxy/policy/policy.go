@@ -248,11 +248,17 @@ func (u *Upstream) forDestination(host string, port int) *Upstream {
 	}
 	c := *u
 	c.Name, c.dests = net.JoinHostPort(host, strconv.Itoa(port)), nil
-	if u.dests != nil && u.dests.n.Load() < maxDests {
-		if prev, loaded := u.dests.m.LoadOrStore(dest{host, port}, &c); loaded {
-			return prev.(*Upstream)
+	if u.dests != nil {
+		// A slot is taken before the copy is stored, so that the cache
+		// never holds more than maxDests however many race for it.
+		if u.dests.n.Add(1) <= maxDests {
+			if prev, loaded := u.dests.m.LoadOrStore(dest{host, port}, &c); loaded {
+				u.dests.n.Add(-1)
+				return prev.(*Upstream)
+			}
+		} else {
+			u.dests.n.Add(-1)
 		}
-		u.dests.n.Add(1)
 	}
 	return &c
 }
