@@ -19,10 +19,24 @@ func both(t testing.TB, do func(l *slog.Logger)) (theirs, ours string) {
 	if !ok {
 		t.Fatal("New refused nil options")
 	}
-	do(slog.New(slog.NewTextHandler(&a, nil)))
-	do(slog.New(h))
+	do(slog.New(fixedTime{slog.NewTextHandler(&a, nil)}))
+	do(slog.New(fixedTime{h}))
 	return a.String(), b.String()
 }
+
+// fixedTime gives records stamped by a Logger (time.Now) the fixed time at,
+// so that the two handlers' outputs can be compared byte for byte.
+type fixedTime struct{ slog.Handler }
+
+func (f fixedTime) Handle(ctx context.Context, r slog.Record) error {
+	if !r.Time.IsZero() && time.Since(r.Time).Abs() < time.Minute { // stamped now, not by the test
+		r.Time = at
+	}
+	return f.Handler.Handle(ctx, r)
+}
+
+func (f fixedTime) WithAttrs(as []slog.Attr) slog.Handler { return fixedTime{f.Handler.WithAttrs(as)} }
+func (f fixedTime) WithGroup(name string) slog.Handler    { return fixedTime{f.Handler.WithGroup(name)} }
 
 var at = time.Date(2026, 12, 2, 17, 4, 5, 123456789, time.FixedZone("X", 3600))
 
