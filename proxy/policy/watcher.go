@@ -182,7 +182,8 @@ func (w *Watcher) refused(err error) {
 		return
 	}
 	w.lastRefusal = err.Error()
-	w.metrics.failure()
+	// Logged before it is counted: whoever sees the count sees the line.
+	defer w.metrics.failure()
 	attrs := []any{"path", w.path, "error", err.Error()}
 	var es Errors
 	var e *Error
