@@ -170,6 +170,11 @@ func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) 
 	}
 	if len(ps.lns) > 0 && ps.cgid != 0 {
 		time.Sleep(a.cfg.Settle)
+		// Connections redirected before the detach may still wait to be
+		// accepted (a busy machine); closing now would reset them.
+		if !waitAccepted(ps.lns, a.cfg.ShutdownGrace) {
+			a.log.Warn("pod stop: connections still queued at the grace's end", "pod", ps.pod.Name)
+		}
 	}
 	for _, l := range ps.lns {
 		l.Close()
