@@ -48,7 +48,7 @@ protocol: http1
 
 const (
 	maxAttempts = 3
-	holdMS      = 1500 // > attempt_timeout
+	holdMS      = 2500 // attempt_timeout + 1.5 s: a timer late on a loaded machine still fires first
 	memLimit    = 16 << 10
 	spoolLimit  = 256 << 10
 )
