@@ -83,9 +83,11 @@ type h1Conn struct {
 	bw      *bufio.Writer
 	peek    *peeker
 	scratch headScratch
-	used    bool
-	idleAt  time.Time
-	closed  atomic.Bool
+	// interrupt (made once) ends blocked I/O when an exchange's context ends.
+	interrupt func()
+	used      bool
+	idleAt    time.Time
+	closed    atomic.Bool
 	// bodySent: the body written beside the response's read has all left
 	// (its goroutine is about to report).
 	bodySent atomic.Bool
@@ -168,17 +170,16 @@ func (p *h1Pool) get(ctx context.Context, key poolKey) (*h1Conn, error) {
 	limit := p.t.opts.MaxConnsPerHost
 	for {
 		p.mu.Lock()
-		for l := p.idle[key]; len(l) > 0; l = p.idle[key] {
+		if l := p.idle[key]; len(l) > 0 {
 			c := l[len(l)-1]
 			l[len(l)-1] = nil
 			p.idle[key] = l[:len(l)-1]
+			p.mu.Unlock()
+			// Checked outside the lock: the peek is a system call.
 			if time.Since(c.idleAt) > p.t.opts.IdleConnTimeout || c.stale() {
-				p.mu.Unlock()
 				c.close()
-				p.mu.Lock()
 				continue
 			}
-			p.mu.Unlock()
 			return c, nil
 		}
 		if limit <= 0 || p.open[key] < limit {
@@ -250,7 +251,7 @@ func (p *h1Pool) put(c *h1Conn) {
 func (p *h1Pool) sweep() {
 	var old []*h1Conn
 	p.mu.Lock()
-	any := false
+	left := false
 	for key, l := range p.idle {
 		live := l[:0]
 		for _, c := range l {
@@ -265,15 +266,15 @@ func (p *h1Pool) sweep() {
 			delete(p.idle, key)
 		} else {
 			p.idle[key] = live
-			any = true
+			left = true
 		}
 	}
-	p.sweeping = any
+	p.sweeping = left
 	p.mu.Unlock()
 	for _, c := range old {
 		c.close()
 	}
-	if any {
+	if left {
 		time.AfterFunc(p.t.opts.IdleConnTimeout/2, p.sweep)
 	}
 }
@@ -390,23 +391,29 @@ func (h hooks) firstByte() {
 	}
 }
 
+// causeOf is err, or the cause of ctx when ctx is done (its end interrupted
+// the I/O that failed).
+func causeOf(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
 // aLongTimeAgo is a deadline that has passed: it interrupts blocked I/O.
 var aLongTimeAgo = time.Unix(1, 0)
 
 // exchange writes req and reads the response head. On success the response
 // body owns the connection: it returns it to the pool at its end.
 func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*http.Response, error) {
-	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(aLongTimeAgo) })
-	cause := func(err error) error {
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
-		return err
+	if c.interrupt == nil {
+		c.interrupt = func() { c.nc.SetDeadline(aLongTimeAgo) }
 	}
+	stop := context.AfterFunc(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
 		stop()
 		c.close()
-		return nil, cause(err)
+		return nil, causeOf(ctx, err)
 	}
 
 	body, cl, chunked, err := outgoingBody(req)
@@ -479,7 +486,7 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 		resp.Body = &h1Upgraded{c: c}
 		return resp, nil
 	}
-	resp.Body = &h1Body{c: c, rc: resp.Body, stop: stop, cause: cause, wdone: wdone,
+	resp.Body = &h1Body{c: c, rc: resp.Body, stop: stop, ctx: ctx, wdone: wdone,
 		keep: !resp.Close && !req.Close}
 	return resp, nil
 }
@@ -758,8 +765,8 @@ type h1Body struct {
 	c     *h1Conn
 	rc    io.ReadCloser
 	stop  func() bool
-	cause func(error) error
-	wdone chan error // the body's write, when it ran beside the read
+	ctx   context.Context // the exchange's: its cause explains an interrupted read
+	wdone chan error      // the body's write, when it ran beside the read
 	keep  bool
 	ended atomic.Bool
 }
@@ -773,7 +780,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.end(true)
 	case err != nil:
-		err = b.cause(err)
+		err = causeOf(b.ctx, err)
 		b.end(false)
 	}
 	return n, err
