@@ -45,6 +45,3 @@ func (p *peeker) state(raw syscall.RawConn) (fin, pending bool) {
 	}
 	return p.fin, p.pending
 }
-
-// peerState peeks at an idle socket once (see peeker).
-func peerState(raw syscall.RawConn) (fin, pending bool) { return newPeeker().state(raw) }

@@ -10,6 +10,3 @@ type peeker struct{}
 func newPeeker() *peeker { return &peeker{} }
 
 func (*peeker) state(syscall.RawConn) (fin, pending bool) { return false, false }
-
-// peerState cannot tell outside Linux: it says nothing happened.
-func peerState(syscall.RawConn) (fin, pending bool) { return false, false }

@@ -10,12 +10,16 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/witness"
 )
+
+// peerState peeks at an idle socket once (see peeker).
+func peerState(raw syscall.RawConn) (fin, pending bool) { return newPeeker().state(raw) }
 
 func TestPeerClosed(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

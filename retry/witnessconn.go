@@ -40,7 +40,6 @@ type witnessConn struct {
 	written  uint64 // bytes the socket accepted from us
 	writing  int
 	frozen   bool
-	reason   error // what writes return once frozen
 	final    witness.Counters
 	finalOK  bool
 	finalErr error
@@ -117,9 +116,8 @@ func (c *witnessConn) bytesWritten() uint64 {
 func (c *witnessConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.frozen {
-		err := c.reason
 		c.mu.Unlock()
-		return 0, err
+		return 0, errFrozen
 	}
 	c.writing++
 	c.mu.Unlock()
@@ -148,16 +146,15 @@ func (c *witnessConn) Close() error {
 	return c.Conn.Close()
 }
 
-// freeze stops all writes and takes the final snapshot once.
-func (c *witnessConn) freeze() { c.freezeWith(errFrozen) }
-
-func (c *witnessConn) freezeWith(reason error) {
+// freeze stops all writes (they fail with errFrozen) and takes the final
+// snapshot once.
+func (c *witnessConn) freeze() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.frozen {
 		return
 	}
-	c.frozen, c.reason = true, reason
+	c.frozen = true
 	if c.w == nil || c.raw == nil {
 		return
 	}
