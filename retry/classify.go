@@ -94,12 +94,13 @@ func attemptOf(ctx context.Context) *attemptTrace {
 }
 
 // withHTTPTrace returns ctx with the attempt's httptrace hooks, for the
-// code that reports through httptrace only (dialers, HTTP/2).
-func withHTTPTrace(ctx context.Context) context.Context {
+// code that reports through httptrace only (dialers, HTTP/2), and whether
+// it added them (false: ctx as it was).
+func withHTTPTrace(ctx context.Context) (context.Context, bool) {
 	if a := attemptOf(ctx); a != nil && !a.viaHTTPTrace {
-		return httptrace.WithClientTrace(ctx, a.clientTrace())
+		return httptrace.WithClientTrace(ctx, a.clientTrace()), true
 	}
-	return ctx
+	return ctx, false
 }
 
 func (a *attemptTrace) wroteHeadersHook() {

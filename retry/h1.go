@@ -309,6 +309,7 @@ func (p *h1Pool) dial(ctx context.Context, key poolKey) (*h1Conn, error) {
 	}
 	c := &h1Conn{p: p, key: key, nc: nc, wc: witnessConnOf(nc), tls: key.scheme == "https"}
 	c.lr.c = nc
+	c.interrupt = func() { nc.SetDeadline(aLongTimeAgo) }
 	c.br = bufio.NewReaderSize(&c.lr, h1ReadBuffer)
 	c.bw = bufio.NewWriterSize(nc, h1WriteBuffer)
 	return c, nil
@@ -335,7 +336,8 @@ func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if c == nil {
-		if c, err = p.dial(withHTTPTrace(ctx), key); err != nil {
+		dctx, _ := withHTTPTrace(ctx)
+		if c, err = p.dial(dctx, key); err != nil {
 			return nil, err
 		}
 	}
@@ -406,9 +408,6 @@ var aLongTimeAgo = time.Unix(1, 0)
 // exchange writes req and reads the response head. On success the response
 // body owns the connection: it returns it to the pool at its end.
 func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*http.Response, error) {
-	if c.interrupt == nil {
-		c.interrupt = func() { c.nc.SetDeadline(aLongTimeAgo) }
-	}
 	stop := context.AfterFunc(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
 		stop()
@@ -512,24 +511,7 @@ func outgoingBody(req *http.Request) (body io.Reader, cl int64, chunked bool, er
 		}
 		return nil, 0, false, nil
 	}
-	return io.MultiReader(bytesReader(one[:]), req.Body), -1, true, nil
-}
-
-func bytesReader(b []byte) io.Reader {
-	c := make([]byte, len(b))
-	copy(c, b)
-	return &byteSliceReader{b: c}
-}
-
-type byteSliceReader struct{ b []byte }
-
-func (r *byteSliceReader) Read(p []byte) (int, error) {
-	if len(r.b) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, r.b)
-	r.b = r.b[n:]
-	return n, nil
+	return io.MultiReader(bytes.NewReader([]byte{one[0]}), req.Body), -1, true, nil
 }
 
 // sendsZeroLength: methods whose body-less requests say Content-Length: 0
@@ -554,14 +536,19 @@ func validHeader(req *http.Request) error {
 			}
 		}
 	}
-	host := req.Host
-	if host == "" {
-		host = req.URL.Host
-	}
-	if !httpguts.ValidHostHeader(host) {
+	if host := requestHost(req); !httpguts.ValidHostHeader(host) {
 		return fmt.Errorf("%w: host %q", ErrRequestInvalid, host)
 	}
 	return nil
+}
+
+// requestHost is the Host a request is sent with: Request.Host, else the
+// URL's.
+func requestHost(req *http.Request) string {
+	if req.Host != "" {
+		return req.Host
+	}
+	return req.URL.Host
 }
 
 func validMethod(m string) bool {
@@ -593,11 +580,7 @@ func (c *h1Conn) writeHead(req *http.Request, cl int64, chunked bool) {
 	}
 	bw.WriteString(uri)
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
-	host := req.Host
-	if host == "" {
-		host = req.URL.Host
-	}
-	bw.WriteString(host)
+	bw.WriteString(requestHost(req))
 	bw.WriteString("\r\n")
 	for k, vv := range req.Header {
 		if skipHeader[k] {
@@ -636,7 +619,7 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 	if !chunked && !stream {
 		n, err := io.CopyN(c.bw, body, cl)
 		if err == io.EOF {
-			return fmt.Errorf("%w: request body ended after %d of its %d bytes", ErrRequestInvalid, n, cl)
+			return shortBody(n, cl)
 		}
 		return err
 	}
@@ -682,13 +665,18 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 			_, werr := c.bw.WriteString("0\r\n\r\n")
 			return werr
 		case err == io.EOF && sent < cl:
-			return fmt.Errorf("%w: request body ended after %d of its %d bytes", ErrRequestInvalid, sent, cl)
+			return shortBody(sent, cl)
 		case err == io.EOF:
 			return nil
 		case err != nil:
 			return err
 		}
 	}
+}
+
+// shortBody is the error of a body that ended after n of its cl bytes.
+func shortBody(n, cl int64) error {
+	return fmt.Errorf("%w: request body ended after %d of its %d bytes", ErrRequestInvalid, n, cl)
 }
 
 // bodyEnds reads once more after a sized body's last byte, as net/http

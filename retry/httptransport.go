@@ -334,8 +334,11 @@ var errH1 = errors.New("upstream negotiated http/1.1")
 
 func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
 	// x/net/http2 reports through httptrace only.
-	ctx := withHTTPTrace(req.Context())
-	h2req := req.WithContext(ctx)
+	ctx, traced := withHTTPTrace(req.Context())
+	h2req := req
+	if traced || isEmptyBodyMarked(req) {
+		h2req = req.WithContext(ctx)
+	}
 	if isEmptyBodyMarked(req) {
 		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
 		h2req.Body, h2req.TransferEncoding = nil, nil
