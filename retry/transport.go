@@ -303,7 +303,7 @@ func (r *run) do() (*http.Response, error) {
 		r.trace.Attempts = append(r.trace.Attempts, Attempt{N: n})
 		rec := &r.trace.Attempts[len(r.trace.Attempts)-1]
 		ar := r.attempt(rec, body)
-		res := r.decide(n, rec, ar)
+		res := r.decide(rec, ar)
 		t.Metrics.attempt(rec)
 		if ar.resp == nil && rec.Evidence != engine.NotSent {
 			r.keptAfter = true
@@ -605,11 +605,11 @@ func (ar *attemptResult) done() {
 }
 
 // decide asks the engine about attempt n and records the answer.
-func (r *run) decide(n int, rec *Attempt, ar *attemptResult) engine.Result {
+func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
 	t := r.t
 	now := t.now()
 	in := engine.Input{
-		Attempt:           n,
+		Attempt:           rec.N,
 		MaxAttempts:       r.pol.MaxAttempts,
 		Body:              r.kind,
 		Draining:          t.Draining != nil && t.Draining(),
