@@ -349,8 +349,14 @@ func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 			t.Fatalf("%d bytes: the body's end was never read", size)
 		}
 	}
+	// An upstream that has read the 10 bytes answers later than the
+	// excess is found (an early answer is a response, taken as such).
+	slow := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		time.Sleep(500 * time.Millisecond)
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
 	long := &eofSeen{r: io.MultiReader(strings.NewReader(strings.Repeat("b", 20)))}
-	req, _ := http.NewRequest("PUT", srv.url(), nil)
+	req, _ := http.NewRequest("PUT", slow.url(), nil)
 	req.Body, req.ContentLength = long, 10
 	if _, err := base.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "longer than its Content-Length") {
 		t.Fatalf("long body: %v", err)

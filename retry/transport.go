@@ -604,7 +604,7 @@ func (ar *attemptResult) done() {
 	ar.cancel(nil)
 }
 
-// decide asks the engine about attempt n and records the answer.
+// decide asks the engine about the attempt rec and records the answer.
 func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
 	t := r.t
 	now := t.now()
