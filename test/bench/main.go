@@ -7,9 +7,16 @@
 // Not part of CI. It needs wrk and haproxy (Debian's packages) on PATH or
 // given by flag; it builds egret itself from this module.
 //
+// Two baselines are measured beside them (-baselines=false leaves them
+// out): haproxy+log, HAProxy writing one log line per request as egret
+// does, and go-relay (test/bench/relay), the least a goroutine-per-
+// connection Go program does to carry the same requests, which tells
+// egret's own cost from that of Go's runtime and the kernel on this
+// machine. The targets of issue 3 are against plain haproxy.
+//
 // Why wrk: it is C on epoll and spends little CPU per request, so on a small
 // machine the load generator takes as little as possible from the proxies
-// under test, and the same generator measures all three targets the same way
+// under test, and the same generator measures all targets the same way
 // (closed loop, keep-alive, its own latency histogram).
 package main
 
@@ -45,6 +52,7 @@ var (
 	egretBin = flag.String("egret", "", "egret binary (default: go build ./cmd/egret)")
 	keep     = flag.Bool("keep", false, "keep the work directory (configs, logs)")
 	profile  = flag.String("profile", "", "write a CPU profile of egret during its first measured GET run to `FILE`")
+	extra    = flag.Bool("baselines", true, "also measure HAProxy logging each request (haproxy+log) and a bare Go relay (go-relay)")
 )
 
 func main() {
@@ -134,47 +142,65 @@ func run() error {
 	defer stop(eg)
 
 	hpAddr := freeAddr()
-	cfg := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(haproxyConfig(hpAddr, upAddr)), 0o644); err != nil {
-		return err
-	}
-	if out, err := exec.Command(*haproxy, "-c", "-f", cfg).CombinedOutput(); err != nil {
-		return fmt.Errorf("haproxy -c: %v\n%s", err, out)
-	}
-	hp := exec.Command(*haproxy, "-db", "-f", cfg)
-	hpLog, err := os.Create(filepath.Join(dir, "haproxy.log"))
+	hp, err := startHAProxy(dir, "haproxy", haproxyConfig(hpAddr, upAddr, false))
 	if err != nil {
-		return err
-	}
-	defer hpLog.Close()
-	hp.Stdout, hp.Stderr = hpLog, hpLog
-	if err := hp.Start(); err != nil {
 		return err
 	}
 	defer stop(hp)
 
-	for _, a := range []string{egretAddr, hpAddr, metricsAddr} {
-		if err := waitListening(a, 10*time.Second); err != nil {
-			return err
-		}
-	}
+	listening := []string{egretAddr, hpAddr, metricsAddr}
 	targets := []target{
 		{name: "direct", addr: upAddr, path: "/"},
 		{name: "haproxy", addr: hpAddr, path: "/", pid: hp.Process.Pid},
 		{name: "egret", addr: egretAddr, path: "http://" + upAddr + "/", pid: eg.Process.Pid},
 	}
+	if *extra {
+		// HAProxy writing one log line per request, as egret does; and the
+		// floor of a Go proxy: see test/bench/relay.
+		hplAddr := freeAddr()
+		hpl, err := startHAProxy(dir, "haproxy-log", haproxyConfig(hplAddr, upAddr, true))
+		if err != nil {
+			return err
+		}
+		defer stop(hpl)
+		relayBin := filepath.Join(dir, "relay")
+		cmd := exec.Command("go", "build", "-o", relayBin, "github.com/egret-proxy/egret/test/bench/relay")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("go build relay: %w", err)
+		}
+		relayAddr := freeAddr()
+		rl := exec.Command(relayBin, relayAddr, upAddr)
+		rl.Stderr = os.Stderr
+		if err := rl.Start(); err != nil {
+			return err
+		}
+		defer stop(rl)
+		listening = append(listening, hplAddr, relayAddr)
+		targets = append(targets,
+			target{name: "haproxy+log", addr: hplAddr, path: "/", pid: hpl.Process.Pid},
+			target{name: "go-relay", addr: relayAddr, path: "/", pid: rl.Process.Pid})
+	}
+	for _, a := range listening {
+		if err := waitListening(a, 10*time.Second); err != nil {
+			return err
+		}
+	}
 	// egret must really be in the way: its answers carry Egret-Request-Id.
 	if err := checkEgret(egretAddr, upAddr); err != nil {
 		return err
 	}
-	fmt.Printf("upstream %s, haproxy %s (pid %d), egret %s (pid %d); %d cores, wrk -t%d -c%d -d%v\n\n",
-		upAddr, hpAddr, hp.Process.Pid, egretAddr, eg.Process.Pid, numCPU(), *threads, *conns, *duration)
+	fmt.Printf("upstream %s", upAddr)
+	for _, tg := range targets[1:] {
+		fmt.Printf(", %s %s (pid %d)", tg.name, tg.addr, tg.pid)
+	}
+	fmt.Printf("; %d cores, wrk -t%d -c%d -d%v\n\n", numCPU(), *threads, *conns, *duration)
 
 	// Memory first, on fresh processes, so that heap left by the load runs
 	// does not hide the cost of new connections.
 	if *idleN > 0 {
 		fmt.Printf("memory per idle keep-alive client connection (%d connections, each after one request):\n", *idleN)
-		for _, tg := range targets[1:] {
+		for _, tg := range targets[1:3] { // haproxy and egret
 			m, err := idleCost(tg, *idleN, metricsAddrFor(tg, metricsAddr))
 			if err != nil {
 				return fmt.Errorf("%s idle: %w", tg.name, err)
@@ -245,7 +271,7 @@ func run() error {
 		}
 	}
 
-	fmt.Printf("%-10s %-8s %12s %10s %10s %8s %12s\n", "workload", "target", "requests/s", "p50", "p99", "non-2xx", "CPU/request")
+	fmt.Printf("%-10s %-11s %12s %10s %10s %8s %12s\n", "workload", "target", "requests/s", "p50", "p99", "non-2xx", "CPU/request")
 	for _, w := range workloads {
 		for _, tg := range targets {
 			r := results[key{w.name, tg.name}]
@@ -253,7 +279,7 @@ func run() error {
 			if r.cpu > 0 {
 				cpu = fmtDur(r.cpu)
 			}
-			fmt.Printf("%-10s %-8s %12.0f %10s %10s %8d %12s\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors, cpu)
+			fmt.Printf("%-10s %-11s %12.0f %10s %10s %8d %12s\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors, cpu)
 		}
 	}
 	fmt.Println()
@@ -267,6 +293,12 @@ func run() error {
 		fmt.Printf("  %-10s throughput egret/haproxy %.2f, egret/direct %.2f; p50 egret/haproxy %.2f, p99 egret/haproxy %.2f; added p99 egret %s vs haproxy %s (ratio %s); CPU per request egret/haproxy %.2f\n",
 			w.name, e.rps/h.rps, e.rps/d.rps, float64(e.p50)/float64(h.p50), float64(e.p99)/float64(h.p99),
 			fmtDur(e.p99-d.p99), fmtDur(h.p99-d.p99), added, float64(e.cpu)/float64(max(h.cpu, 1)))
+		if *extra {
+			hl, g := results[key{w.name, "haproxy+log"}], results[key{w.name, "go-relay"}]
+			fmt.Printf("  %-10s baselines: throughput egret/haproxy+log %.2f, go-relay/haproxy %.2f; CPU per request egret/haproxy+log %.2f, go-relay/haproxy %.2f, egret/go-relay %.2f\n",
+				w.name, e.rps/hl.rps, g.rps/h.rps, float64(e.cpu)/float64(max(hl.cpu, 1)),
+				float64(g.cpu)/float64(max(h.cpu, 1)), float64(e.cpu)/float64(max(g.cpu, 1)))
+		}
 	}
 	for _, w := range workloads {
 		for _, tg := range targets {
@@ -278,11 +310,42 @@ func run() error {
 	return nil
 }
 
-func haproxyConfig(listen, upstream string) string {
+// startHAProxy checks and starts HAProxy with config cfg; its output goes
+// to name.log in dir.
+func startHAProxy(dir, name, cfg string) (*exec.Cmd, error) {
+	path := filepath.Join(dir, name+".cfg")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command(*haproxy, "-c", "-f", path).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("haproxy -c: %v\n%s", err, out)
+	}
+	hp := exec.Command(*haproxy, "-db", "-f", path)
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	hp.Stdout, hp.Stderr = logf, logf
+	if err := hp.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	return hp, nil
+}
+
+// haproxyConfig is HAProxy's counterpart of egret's embedded defaults; with
+// logged, it writes one line per request to its standard output (a file),
+// as egret does.
+func haproxyConfig(listen, upstream string, logged bool) string {
+	logGlobal, logDefaults := "", ""
+	if logged {
+		logGlobal = "    log stdout format raw local0 info\n"
+		logDefaults = "    log global\n    option httplog\n"
+	}
 	return fmt.Sprintf(`global
-    maxconn 8000
+%s    maxconn 8000
 defaults
-    mode http
+%s    mode http
     timeout connect 10s
     timeout client 30s
     timeout server 30s
@@ -295,7 +358,7 @@ frontend fe
     default_backend be
 backend be
     server up %s
-`, listen, upstream)
+`, logGlobal, logDefaults, listen, upstream)
 }
 
 var (
