@@ -1,6 +1,8 @@
 package retry
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egret-proxy/egret/internal/promreg"
@@ -14,6 +16,30 @@ type Metrics struct {
 	outcomes  *prometheus.CounterVec // by outcome ("response" when one is relayed)
 	upgrades  prometheus.Counter
 	hidden    prometheus.Counter
+
+	// The children counted on every request, found once: a lookup in a
+	// vector hashes its label values under a lock each time. Indexed by
+	// category, by decision and reason, and by outcome (cachedOutcomes).
+	byCategory [cacheSlots]atomic.Pointer[prometheus.Counter]
+	byDecision [3 * cacheSlots]atomic.Pointer[prometheus.Counter]
+	byOutcome  [len(cachedOutcomes)]atomic.Pointer[prometheus.Counter]
+}
+
+// cacheSlots bounds the categories and reasons whose children are cached;
+// a larger value (none today) is looked up each time.
+const cacheSlots = 32
+
+// cachedOutcomes are the outcome labels whose children are cached.
+var cachedOutcomes = [...]string{"response", "ambiguous", "not-sent", "failed"}
+
+// child returns the child cached in slot, looking it up in vec first.
+func child(slot *atomic.Pointer[prometheus.Counter], vec *prometheus.CounterVec, lvs ...string) prometheus.Counter {
+	if c := slot.Load(); c != nil {
+		return *c
+	}
+	c := vec.WithLabelValues(lvs...)
+	slot.Store(&c)
+	return c
 }
 
 // NewMetrics creates the Transport's metrics and registers them with reg.
@@ -50,8 +76,25 @@ func (m *Metrics) attempt(a *Attempt) {
 	if m == nil {
 		return
 	}
-	m.attempts.WithLabelValues(a.Failure.String()).Inc()
-	m.decisions.WithLabelValues(a.Decision.Decision.String(), a.Decision.Reason.String()).Inc()
+	if f := int(a.Failure); f < cacheSlots {
+		if c := m.byCategory[f].Load(); c != nil {
+			(*c).Inc()
+		} else {
+			child(&m.byCategory[f], m.attempts, a.Failure.String()).Inc()
+		}
+	} else {
+		m.attempts.WithLabelValues(a.Failure.String()).Inc()
+	}
+	if d, r := int(a.Decision.Decision), int(a.Decision.Reason); d < 3 && r < cacheSlots {
+		i := d*cacheSlots + r
+		if c := m.byDecision[i].Load(); c != nil {
+			(*c).Inc()
+		} else {
+			child(&m.byDecision[i], m.decisions, a.Decision.Decision.String(), a.Decision.Reason.String()).Inc()
+		}
+	} else {
+		m.decisions.WithLabelValues(a.Decision.Decision.String(), a.Decision.Reason.String()).Inc()
+	}
 	if a.Upgraded {
 		m.upgrades.Inc()
 	}
@@ -63,6 +106,16 @@ func (m *Metrics) attempt(a *Attempt) {
 func (m *Metrics) outcome(name string) {
 	if m == nil {
 		return
+	}
+	for i, o := range cachedOutcomes {
+		if o == name {
+			if c := m.byOutcome[i].Load(); c != nil {
+				(*c).Inc()
+			} else {
+				child(&m.byOutcome[i], m.outcomes, name).Inc()
+			}
+			return
+		}
 	}
 	m.outcomes.WithLabelValues(name).Inc()
 }
