@@ -88,7 +88,7 @@ func (u *upstreams) policyFor(defaults string) string {
 
 // startEgret runs an egret proxy in explicit mode on loopback with the
 // policy document and returns its URL.
-func startEgret(t *testing.T, doc string) *url.URL {
+func startEgret(t *testing.T, doc string) (*url.URL, *proxy.Traces) {
 	t.Helper()
 	pol, err := policy.Parse("truth-policy.yaml", []byte(doc))
 	if err != nil {
@@ -98,6 +98,8 @@ func startEgret(t *testing.T, doc string) *url.URL {
 		Mode:    proxy.Explicit,
 		Policy:  proxy.StaticPolicy{P: pol},
 		Witness: witness.TCPInfo{},
+		// Every request's trace is kept, for the report of a violation.
+		Traces: proxy.NewTraces(1 << 15),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +116,31 @@ func startEgret(t *testing.T, doc string) *url.URL {
 		srv.Shutdown(ctx)
 		<-done
 	})
-	return &url.URL{Scheme: "http", Host: ln.Addr().String()}
+	return &url.URL{Scheme: "http", Host: ln.Addr().String()}, srv.Traces()
+}
+
+// explainer tells egret's trace of a request in one line per attempt.
+func explainer(traces *proxy.Traces) func(string) string {
+	return func(id string) string {
+		tr, ok := traces.Get(id)
+		if !ok {
+			return "none kept"
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "outcome %s", tr.Outcome)
+		for _, at := range tr.Attempts {
+			fmt.Fprintf(&b, "\n      attempt %d after %v: stage %s, failure %s, evidence %s, status %d, decision %s (%s)",
+				at.N, at.Duration.Round(time.Millisecond), at.Stage, at.Failure, at.Evidence, at.Status,
+				at.Decision.Decision, at.Decision.Reason)
+			if at.Upgraded {
+				b.WriteString(", upgraded by the witness")
+			}
+			if at.Err != "" {
+				fmt.Fprintf(&b, ": %s", at.Err)
+			}
+		}
+		return b.String()
+	}
 }
 
 // client talks to egret as an HTTP_PROXY. Its own transport never retries

@@ -98,7 +98,7 @@ func TestSuiteCatchesANaiveProxy(t *testing.T) {
 	}
 	close(work)
 	wg.Wait()
-	v := check(specs, answers, u.ledger.Records(), u.ledger.Stats())
+	v := check(specs, answers, u.ledger.Records(), u.ledger.Stats(), nil)
 	for _, rule := range []string{"duplicate execution of a non-idempotent request", "not-sent but executed"} {
 		if v.byRule[rule] == 0 {
 			t.Errorf("the checks did not catch the naive proxy's %q", rule)

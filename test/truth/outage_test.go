@@ -45,7 +45,7 @@ protocol: http1
 // (spec section 5).
 func TestOutage(t *testing.T) {
 	u := startUpstreams(t)
-	egret := startEgret(t, u.policyFor(outageDefaults))
+	egret, _ := startEgret(t, u.policyFor(outageDefaults))
 	const workers = 16
 	c := client(egret, workers)
 	var (

@@ -279,7 +279,7 @@ func TestTruth(t *testing.T) {
 	t.Logf("seed %d (EGRET_TRUTH_SEED=%d reproduces the plan), %d requests", seed, seed, n)
 
 	u := startUpstreams(t)
-	egret := startEgret(t, u.policyFor(truthDefaults))
+	egret, traces := startEgret(t, u.policyFor(truthDefaults))
 	const workers = 32
 	c := client(egret, workers)
 	specs := plan(seed, n)
@@ -307,7 +307,7 @@ func TestTruth(t *testing.T) {
 
 	records := u.ledger.Records()
 	stats := u.ledger.Stats()
-	v := check(specs, answers, records, stats)
+	v := check(specs, answers, records, stats, explainer(traces))
 	table := faultTable(specs, answers, records)
 	t.Logf("%d requests in %v (%.0f/s); ledger: %d arrivals, %d executions, %d key replays, %d idle closes, %d reuse resets, %d connections\n%s",
 		n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), stats.Arrivals, stats.Executions,
@@ -338,6 +338,9 @@ type violations struct {
 	cautious []string
 	byRule   map[string]int
 	examples map[string][]string
+	// explain, when set, tells egret's own trace of a request by its
+	// Egret-Request-Id, added to each example.
+	explain func(requestID string) string
 }
 
 func (v *violations) add(rule string, s spec, a answer, rec ledger.Record, why string) {
@@ -351,6 +354,9 @@ func (v *violations) add(rule string, s spec, a answer, rec ledger.Record, why s
 			"%s %s %s key=%t size=%d fault=%q: status %d outcome %q attempts %d err %v bodyErr %v conns %d; ledger arrivals %d executions %d replays %d victims %d collateral %d: %s",
 			s.id, s.target, s.method, s.key != "", s.size, s.fault.String(), a.status, a.outcome, a.attempts,
 			a.err, a.bodyErr, a.gotConns, rec.Arrivals, len(rec.Executions), rec.Replays, rec.Victims, rec.Collateral, why))
+		if v.explain != nil && a.requestID != "" {
+			v.examples[rule][len(v.examples[rule])-1] += "\n    egret's trace: " + v.explain(a.requestID)
+		}
 	}
 }
 
@@ -372,8 +378,9 @@ func (v *violations) report() []string {
 }
 
 // check compares every answer with the ledger.
-func check(specs []spec, answers []answer, records map[string]ledger.Record, stats ledger.Stats) *violations {
-	v := &violations{}
+func check(specs []spec, answers []answer, records map[string]ledger.Record, stats ledger.Stats,
+	explain func(string) string) *violations {
+	v := &violations{explain: explain}
 	ids := make(map[string]string, len(answers))
 	// Requests a closed idle connection may have hit: the ledger never sees
 	// them, so an unexplained ambiguous answer is allowed once per such close.
