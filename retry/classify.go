@@ -45,7 +45,6 @@ type attemptTrace struct {
 	wroteHeaders bool
 	wroteRequest bool
 	writeErr     error
-	firstByte    bool
 	// mayHaveSent: some connection of this attempt (net/http may have
 	// retried on its own) got as far as writing the request.
 	mayHaveSent bool
@@ -77,10 +76,9 @@ func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
 			a.tlsDone, a.tlsErr = true, err
 			a.mu.Unlock()
 		},
-		GotConn:              a.gotConn,
-		WroteHeaders:         a.wroteHeadersHook,
-		WroteRequest:         a.wroteReq,
-		GotFirstResponseByte: a.gotFirstByte,
+		GotConn:      a.gotConn,
+		WroteHeaders: a.wroteHeadersHook,
+		WroteRequest: a.wroteReq,
 	}
 }
 
@@ -109,12 +107,6 @@ func (a *attemptTrace) wroteHeadersHook() {
 	a.mu.Unlock()
 }
 
-func (a *attemptTrace) gotFirstByte() {
-	a.mu.Lock()
-	a.firstByte = true
-	a.mu.Unlock()
-}
-
 // gotConn takes the witness's "before" snapshot: the request write starts
 // on this connection now.
 func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
@@ -135,7 +127,7 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	if wc := witnessConnOf(info.Conn); wc != nil && !wc.shared {
 		a.connWC, a.connWritten = wc, wc.bytesWritten()
 	}
-	a.wroteHeaders, a.wroteRequest, a.writeErr, a.firstByte = false, false, nil, false
+	a.wroteHeaders, a.wroteRequest, a.writeErr = false, false, nil
 	a.hasBefore = false
 	if a.w == nil || info.Conn == nil {
 		return
@@ -277,7 +269,11 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 		return engine.PoolTimeout, StagePool
 	}
 	switch {
-	case timedOut && !a.firstByte, errors.Is(err, errAttemptTimeout):
+	case timedOut, errors.Is(err, errAttemptTimeout):
+		// The attempt's timer or the deadline ended it before a final
+		// response header: response_timeout, even when part of an answer
+		// had come (an interim 1xx, the start of a head). x/net/http2 then
+		// reports a bare context.Canceled, without the timer's cause.
 		return engine.ResponseTimeout, StageHeaders
 	case a.writeErr != nil:
 		return engine.WriteFailed, StageWrite

@@ -385,9 +385,6 @@ func (h hooks) wroteRequest(err error) {
 }
 
 func (h hooks) firstByte() {
-	if h.at != nil {
-		h.at.gotFirstByte()
-	}
 	if h.ct != nil && h.ct.GotFirstResponseByte != nil {
 		h.ct.GotFirstResponseByte()
 	}

@@ -217,6 +217,39 @@ func TestH2CRealServerKeepAlive(t *testing.T) {
 	}
 }
 
+// TestH2CResponseTimeoutAfterInterimResponse: over HTTP/2 too, an upstream
+// that sends a 100 Continue and then stalls past the attempt timeout gave
+// no final response header: response_timeout, ambiguous 504 for a POST.
+// (x/net/http2 reports the cancelled attempt as context.Canceled, without
+// the attempt timer's cause, once a first response byte has come.)
+func TestH2CResponseTimeoutAfterInterimResponse(t *testing.T) {
+	var executed atomic.Int64
+	h2s := &http2.Server{}
+	srv := newRawServer(t, func(c net.Conn, _ int) {
+		h2s.ServeConn(c, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			executed.Add(1)
+			w.WriteHeader(http.StatusContinue) // sent at once; no Flush, which would send a 200
+			<-r.Context().Done()
+		})})
+	})
+	tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 100 * time.Millisecond })
+	base := NewHTTPTransport(HTTPOptions{H2C: true})
+	t.Cleanup(base.CloseIdleConnections)
+	tr.Base = base
+	_, err := tr.RoundTrip(post(t, srv.url(), "charge"))
+	var a *AmbiguousError
+	if !errors.As(err, &a) || a.Status != 504 || a.Attempts != 1 {
+		t.Fatalf("err %v, want ambiguous 504 after 1 attempt", err)
+	}
+	if at := a.Trace.Attempts[0]; at.Failure != engine.ResponseTimeout {
+		t.Fatalf("failure %v (%s), want response_timeout", at.Failure, at.Err)
+	}
+	if executed.Load() != 1 {
+		t.Fatalf("executed %d", executed.Load())
+	}
+}
+
 func tlsTransport(t *testing.T, srv *httptest.Server, h2 bool) *Transport {
 	tr, _, _ := testTransport(t, nil)
 	cfg := &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}

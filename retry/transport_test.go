@@ -291,6 +291,43 @@ func TestResponseTimeout(t *testing.T) {
 	})
 }
 
+// TestResponseTimeoutAfterTheFirstByte: an upstream that starts its answer
+// (an interim 100 Continue, or part of a status line) and then stalls past
+// the attempt timeout gave no final response header in time: the attempt is
+// response_timeout (spec section 2), the ambiguous status 504, not a reset's
+// 502.
+func TestResponseTimeoutAfterTheFirstByte(t *testing.T) {
+	for _, tc := range []struct{ name, start string }{
+		{"interim 100 Continue", "HTTP/1.1 100 Continue\r\n\r\n"},
+		{"part of the status line", "HTTP/1.1 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var executed atomic.Int64
+			srv := newRawServer(t, func(c net.Conn, n int) {
+				br := bufio.NewReader(c)
+				if _, _, err := readReq(br); err != nil {
+					return
+				}
+				executed.Add(1)
+				io.WriteString(c, tc.start)
+				io.Copy(io.Discard, br) // until the client gives up
+			})
+			tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 100 * time.Millisecond })
+			_, err := tr.RoundTrip(post(t, srv.url(), "charge"))
+			var a *AmbiguousError
+			if !errors.As(err, &a) || a.Status != 504 || a.Attempts != 1 {
+				t.Fatalf("err %v, want ambiguous 504 after 1 attempt", err)
+			}
+			if at := a.Trace.Attempts[0]; at.Failure != engine.ResponseTimeout || at.Duration < 100*time.Millisecond {
+				t.Fatalf("failure %v after %v, want response_timeout", at.Failure, at.Duration)
+			}
+			if executed.Load() != 1 {
+				t.Fatalf("executed %d", executed.Load())
+			}
+		})
+	}
+}
+
 func TestBodyBreaksBeforeFirstByteIsRetried(t *testing.T) {
 	var hits atomic.Int64
 	srv := newRawServer(t, func(c net.Conn, n int) {
