@@ -21,13 +21,16 @@ type Metrics struct {
 	// vector hashes its label values under a lock each time. Indexed by
 	// category, by decision and reason, and by outcome (cachedOutcomes).
 	byCategory [cacheSlots]atomic.Pointer[prometheus.Counter]
-	byDecision [3 * cacheSlots]atomic.Pointer[prometheus.Counter]
+	byDecision [cachedDecisions * cacheSlots]atomic.Pointer[prometheus.Counter]
 	byOutcome  [len(cachedOutcomes)]atomic.Pointer[prometheus.Counter]
 }
 
 // cacheSlots bounds the categories and reasons whose children are cached;
 // a larger value (none today) is looked up each time.
 const cacheSlots = 32
+
+// cachedDecisions: engine.Deny, engine.Retry and engine.Ambiguous.
+const cachedDecisions = 3
 
 // cachedOutcomes are the outcome labels whose children are cached.
 var cachedOutcomes = [...]string{"response", "ambiguous", "not-sent", "failed"}
@@ -85,7 +88,7 @@ func (m *Metrics) attempt(a *Attempt) {
 	} else {
 		m.attempts.WithLabelValues(a.Failure.String()).Inc()
 	}
-	if d, r := int(a.Decision.Decision), int(a.Decision.Reason); d < 3 && r < cacheSlots {
+	if d, r := int(a.Decision.Decision), int(a.Decision.Reason); d < cachedDecisions && r < cacheSlots {
 		i := d*cacheSlots + r
 		if c := m.byDecision[i].Load(); c != nil {
 			(*c).Inc()
