@@ -10,12 +10,13 @@ import (
 // Kind names one fault of the fault layer. A request asks for a fault with
 // the header
 //
-//	Ledger-Fault: <kind>[; times=N][; ms=N][; retry-after=N]
+//	Ledger-Fault: <kind>[; times=N][; ms=N][; retry-after=N][; interim=1]
 //
 // times=N applies the fault to the first N arrivals of the request's
 // Ledger-Id only (0 or absent: to every arrival), so a retry can succeed.
 // ms=N is the hold time of KindHold and the idle time of KindCloseIdle.
-// retry-after=N is the Retry-After (seconds) of KindStatus429.
+// retry-after=N is the Retry-After (seconds) of KindStatus429. interim=1
+// makes KindHold send an interim 100 Continue before it holds.
 type Kind string
 
 // The faults. Whether the ledger counts the request as executed is part of
@@ -116,6 +117,9 @@ type Fault struct {
 	Hold time.Duration
 	// RetryAfter is KindStatus429's Retry-After in seconds (-1: none).
 	RetryAfter int
+	// Interim (KindHold): a 100 Continue goes out before the hold, so that
+	// the caller has the first bytes of an answer but no final header.
+	Interim bool
 }
 
 // String renders the fault as a Ledger-Fault header value.
@@ -133,6 +137,9 @@ func (f Fault) String() string {
 	}
 	if f.Kind == KindStatus429 && f.RetryAfter >= 0 {
 		fmt.Fprintf(&b, "; retry-after=%d", f.RetryAfter)
+	}
+	if f.Interim {
+		b.WriteString("; interim=1")
 	}
 	return b.String()
 }
@@ -175,12 +182,20 @@ func ParseFault(v string) (Fault, error) {
 			f.Hold = time.Duration(n) * time.Millisecond
 		case "retry-after":
 			f.RetryAfter = n
+		case "interim":
+			if n > 1 {
+				return f, fmt.Errorf("fault parameter %q: want 0 or 1", p)
+			}
+			f.Interim = n == 1
 		default:
 			return f, fmt.Errorf("unknown fault parameter %q", k)
 		}
 	}
 	if f.Kind == KindHold && f.Hold == 0 {
 		f.Hold = time.Second
+	}
+	if f.Interim && f.Kind != KindHold {
+		return f, fmt.Errorf("fault parameter interim: only for %s", KindHold)
 	}
 	return f, nil
 }

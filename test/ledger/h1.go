@@ -85,6 +85,12 @@ func (s *Server) serveH1(c, raw net.Conn, br *bufio.Reader) {
 			reset(c, raw)
 			return
 		case KindHold:
+			if f.Interim {
+				bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+				if bw.Flush() != nil {
+					return
+				}
+			}
 			if !s.sleep(f.Hold) {
 				return
 			}

@@ -379,6 +379,9 @@ func (hc *h2conn) endRequest(x *h2stream) {
 			hc.rst(x.id, http2.ErrCodeInternal)
 			return
 		case KindHold:
+			if f.Interim && hc.interim(x) != nil {
+				return
+			}
 			if !hc.s.sleep(f.Hold) {
 				return
 			}
@@ -415,6 +418,15 @@ func (hc *h2conn) goAwayIdle() {
 		last = hc.lastStream
 	}, func() error { return hc.fr.WriteGoAway(last, http2.ErrCodeNo, []byte("idle")) })
 	hc.maybeFinishGoAway()
+}
+
+// interim sends a 100 Continue on the stream.
+func (hc *h2conn) interim(x *h2stream) error {
+	return hc.write(func() error {
+		hc.hbuf.Reset()
+		hc.henc.WriteField(hpack.HeaderField{Name: ":status", Value: "100"})
+		return hc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: x.id, BlockFragment: hc.hbuf.Bytes(), EndHeaders: true})
+	})
 }
 
 // respond writes the answer on the stream; half writes the headers and

@@ -228,6 +228,32 @@ func TestH1Hold(t *testing.T) {
 	}
 }
 
+// TestH1HoldInterim: hold with interim=1 sends 100 Continue at once, then
+// the answer after the hold.
+func TestH1HoldInterim(t *testing.T) {
+	s, addr := Start(t)
+	c, br := dial(t, addr)
+	start := time.Now()
+	interim, err := rawH1(t, c, br, "POST", "hi", "hold; ms=300; interim=1", []byte("x"))
+	if err != nil || interim.StatusCode != http.StatusContinue {
+		t.Fatalf("first response %v %v, want 100", interim, err)
+	}
+	if d := time.Since(start); d >= 300*time.Millisecond {
+		t.Fatalf("100 Continue only after %v", d)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("final response %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("answered after %v", d)
+	}
+	if s.Executions("hi") != 1 {
+		t.Fatal("hold did not execute")
+	}
+}
+
 func TestH1CloseIdleAndResetOnReuse(t *testing.T) {
 	s, addr := Start(t)
 	c, br := dial(t, addr)
@@ -485,6 +511,40 @@ func TestH2ClientsAndTLS(t *testing.T) {
 	}
 }
 
+// TestH2HoldInterim: on HTTP/2, hold with interim=1 sends a 100 HEADERS
+// frame (not ending the stream) at once, then the answer after the hold.
+func TestH2HoldInterim(t *testing.T) {
+	s, addr := Start(t)
+	hc := dialH2(t, addr)
+	start := time.Now()
+	hc.request(1, "h2i", "hold; ms=300; interim=1", []byte("x"))
+	var statuses []string
+	for f := hc.next(t); f != nil && len(statuses) < 2; f = hc.next(t) {
+		h, ok := f.(*http2.MetaHeadersFrame)
+		if !ok || h.StreamID != 1 {
+			continue
+		}
+		statuses = append(statuses, h.PseudoValue("status"))
+		if len(statuses) == 1 {
+			if h.StreamEnded() {
+				t.Fatal("the interim HEADERS ended the stream")
+			}
+			if d := time.Since(start); d >= 300*time.Millisecond {
+				t.Fatalf("100 only after %v", d)
+			}
+		}
+	}
+	if len(statuses) != 2 || statuses[0] != "100" || statuses[1] != "200" {
+		t.Fatalf("statuses %q, want 100 then 200", statuses)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("answered after %v", d)
+	}
+	if s.Executions("h2i") != 1 {
+		t.Fatal("hold did not execute")
+	}
+}
+
 func TestParseFault(t *testing.T) {
 	f, err := ParseFault("429; times=2; retry-after=1")
 	if err != nil || f.Kind != KindStatus429 || f.Times != 2 || f.RetryAfter != 1 {
@@ -493,7 +553,12 @@ func TestParseFault(t *testing.T) {
 	if g, err := ParseFault(f.String()); err != nil || g != f {
 		t.Fatalf("round trip %+v %v", g, err)
 	}
-	for _, bad := range []string{"explode", "503; times=x", "503; when=1", "503; times"} {
+	if f, err := ParseFault("hold; ms=300; interim=1"); err != nil || !f.Interim || f.Hold != 300*time.Millisecond {
+		t.Fatalf("interim %+v %v", f, err)
+	} else if g, err := ParseFault(f.String()); err != nil || g != f {
+		t.Fatalf("interim round trip %q: %+v %v", f.String(), g, err)
+	}
+	for _, bad := range []string{"explode", "503; times=x", "503; when=1", "503; times", "503; interim=1", "hold; interim=2"} {
 		if _, err := ParseFault(bad); err == nil {
 			t.Fatalf("%q accepted", bad)
 		}
