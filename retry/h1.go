@@ -96,6 +96,8 @@ type h1Conn struct {
 	// writeErr: that goroutine failed before the response head came, and
 	// stopped its read.
 	writeErr atomic.Pointer[error]
+	// one is bodyEnds' read past a sized body (a local would escape).
+	one [1]byte
 }
 
 // limitedReader reads the connection, failing once more than n bytes were
@@ -618,7 +620,12 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 		if err == io.EOF {
 			return shortBody(n, cl)
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		// Nothing has left yet: a body longer than its length is refused
+		// before a byte goes out, not cut short in silence.
+		return c.bodyEnds(body)
 	}
 	bp := chunkBufs.Get().(*[]byte)
 	defer chunkBufs.Put(bp)
@@ -681,9 +688,8 @@ func shortBody(n, cl int64) error {
 // read whole, so the client connection stays open), and a body longer than
 // its Content-Length is refused rather than cut short in silence.
 func (c *h1Conn) bodyEnds(body io.Reader) error {
-	var one [1]byte
 	c.readingSource.Store(true)
-	n, err := body.Read(one[:])
+	n, err := body.Read(c.one[:])
 	c.readingSource.Store(false)
 	switch {
 	case n > 0:

@@ -362,3 +362,37 @@ func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 		t.Fatalf("long body: %v", err)
 	}
 }
+
+// TestH1InMemoryBodyLongerThanItsLength: a small in-memory body that goes out
+// with its head in one write is checked for bytes past its Content-Length
+// before anything is written: refused as invalid, and not a byte of the
+// request reaches the upstream (it was cut short in silence).
+func TestH1InMemoryBodyLongerThanItsLength(t *testing.T) {
+	var received atomic.Int64
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		k, _ := io.Copy(io.Discard, c)
+		received.Add(k)
+	})
+	base := NewHTTPTransport(HTTPOptions{})
+	defer base.CloseIdleConnections()
+	req, _ := http.NewRequest("PUT", srv.url(), strings.NewReader(strings.Repeat("b", 20)))
+	req.ContentLength = 10
+	_, err := base.RoundTrip(req)
+	if !errors.Is(err, ErrRequestInvalid) || !strings.Contains(err.Error(), "longer than its Content-Length") {
+		t.Fatalf("err %v, want a request_invalid body longer than its Content-Length", err)
+	}
+	base.CloseIdleConnections()
+	time.Sleep(50 * time.Millisecond) // the server sees the connection end
+	if k := received.Load(); k != 0 {
+		t.Fatalf("the upstream received %d bytes", k)
+	}
+	// A body of exactly its length still goes out whole.
+	var seen atomic.Int64
+	ok := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	req, _ = http.NewRequest("PUT", ok.url(), strings.NewReader(strings.Repeat("b", 10)))
+	if _, body := roundTripBody(t, base, req); body != "ok" || seen.Load() != 1 {
+		t.Fatalf("exact body: %q, %d requests", body, seen.Load())
+	}
+}
