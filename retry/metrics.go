@@ -80,21 +80,12 @@ func (m *Metrics) attempt(a *Attempt) {
 		return
 	}
 	if f := int(a.Failure); f < cacheSlots {
-		if c := m.byCategory[f].Load(); c != nil {
-			(*c).Inc()
-		} else {
-			child(&m.byCategory[f], m.attempts, a.Failure.String()).Inc()
-		}
+		child(&m.byCategory[f], m.attempts, a.Failure.String()).Inc()
 	} else {
 		m.attempts.WithLabelValues(a.Failure.String()).Inc()
 	}
 	if d, r := int(a.Decision.Decision), int(a.Decision.Reason); d < cachedDecisions && r < cacheSlots {
-		i := d*cacheSlots + r
-		if c := m.byDecision[i].Load(); c != nil {
-			(*c).Inc()
-		} else {
-			child(&m.byDecision[i], m.decisions, a.Decision.Decision.String(), a.Decision.Reason.String()).Inc()
-		}
+		child(&m.byDecision[d*cacheSlots+r], m.decisions, a.Decision.Decision.String(), a.Decision.Reason.String()).Inc()
 	} else {
 		m.decisions.WithLabelValues(a.Decision.Decision.String(), a.Decision.Reason.String()).Inc()
 	}
@@ -112,11 +103,7 @@ func (m *Metrics) outcome(name string) {
 	}
 	for i, o := range cachedOutcomes {
 		if o == name {
-			if c := m.byOutcome[i].Load(); c != nil {
-				(*c).Inc()
-			} else {
-				child(&m.byOutcome[i], m.outcomes, name).Inc()
-			}
+			child(&m.byOutcome[i], m.outcomes, name).Inc()
 			return
 		}
 	}
