@@ -395,10 +395,40 @@ func (h hooks) firstByte() {
 // causeOf is err, or the cause of ctx when ctx is done (its end interrupted
 // the I/O that failed).
 func causeOf(ctx context.Context, err error) error {
+	if ac, ok := ctx.(*attemptCtx); ok {
+		if c := ac.Cause(); c != nil {
+			return c
+		}
+		return err
+	}
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	return err
+}
+
+// ctxWatch is an exchange's registration of its connection's interrupt
+// with its context: directly with an attempt's, else by context.AfterFunc.
+type ctxWatch struct {
+	ac   *attemptCtx
+	stop func() bool
+}
+
+func watch(ctx context.Context, interrupt func()) ctxWatch {
+	if ac, ok := ctx.(*attemptCtx); ok {
+		ac.setHook(interrupt)
+		return ctxWatch{ac: ac}
+	}
+	return ctxWatch{stop: context.AfterFunc(ctx, interrupt)}
+}
+
+// release unregisters the interrupt, reporting whether the context was
+// still running (false: the interrupt ran or is running).
+func (w ctxWatch) release() bool {
+	if w.ac != nil {
+		return w.ac.clearHook()
+	}
+	return w.stop()
 }
 
 // aLongTimeAgo is a deadline that has passed: it interrupts blocked I/O.
@@ -407,9 +437,9 @@ var aLongTimeAgo = time.Unix(1, 0)
 // exchange writes req and reads the response head. On success the response
 // body owns the connection: it returns it to the pool at its end.
 func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*http.Response, error) {
-	stop := context.AfterFunc(ctx, c.interrupt)
+	w := watch(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
-		stop()
+		w.release()
 		c.close()
 		return nil, causeOf(ctx, err)
 	}
@@ -479,12 +509,12 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 		resp.TLS = &st
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		stop()
+		w.release()
 		c.lr.n = -1
 		resp.Body = &h1Upgraded{c: c}
 		return resp, nil
 	}
-	resp.Body = &h1Body{c: c, rc: resp.Body, stop: stop, ctx: ctx, wdone: wdone,
+	resp.Body = &h1Body{c: c, rc: resp.Body, watch: w, ctx: ctx, wdone: wdone,
 		keep: !resp.Close && !req.Close}
 	return resp, nil
 }
@@ -755,7 +785,7 @@ func (c *h1Conn) readHead(req *http.Request, h hooks) (*http.Response, error) {
 type h1Body struct {
 	c     *h1Conn
 	rc    io.ReadCloser
-	stop  func() bool
+	watch ctxWatch
 	ctx   context.Context // the exchange's: its cause explains an interrupted read
 	wdone chan error      // the body's write, when it ran beside the read
 	keep  bool
@@ -790,7 +820,7 @@ func (b *h1Body) end(clean bool) {
 	}
 	// A context that fired (or is firing) may have set a deadline on the
 	// connection: it cannot be reused then.
-	reuse := b.stop() && clean && b.keep
+	reuse := b.watch.release() && clean && b.keep
 	if b.wdone != nil {
 		switch {
 		case b.c.bodySent.Load():

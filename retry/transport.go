@@ -238,11 +238,18 @@ type run struct {
 	start      time.Time
 	idempotent bool
 	kind       engine.Body
-	ctx        context.Context
-	cancel     context.CancelFunc
-	trace      *Trace
-	ledger     engine.Ledger
-	budget     *engine.Budget
+	// parent is the caller's context; deadline the request's overall
+	// deadline (zero: none), the sooner of the policy's and parent's.
+	parent   context.Context
+	deadline time.Time
+	// ctx is parent bounded by deadline, made on demand (context): only a
+	// retry's wait and a credential refresh need one; attempts have their
+	// own (attemptCtx).
+	ctx    context.Context
+	cancel context.CancelFunc
+	trace  *Trace
+	ledger engine.Ledger
+	budget *engine.Budget
 
 	// kept is the last response of a retried status, buffered; keptAfter
 	// says a later attempt got past not_sent without a response.
@@ -258,7 +265,8 @@ type attemptResult struct {
 	peekBuf *[]byte        // pooled buffer behind peek
 	err     error          // the failure, when resp is nil
 	release func()         // bulkhead permit, nil when none or released
-	cancel  context.CancelCauseFunc
+	ctx     attemptCtx
+	at      attemptTrace
 }
 
 func (r *run) do() (*http.Response, error) {
@@ -270,12 +278,12 @@ func (r *run) do() (*http.Response, error) {
 	}
 	r.idempotent = r.pol.Idempotency.Resolve(method, req.Header.Get(engine.IdempotencyKeyHeader) != "")
 	r.kind = BodyKind(req)
-	r.ctx, r.cancel = req.Context(), func() {}
+	r.parent = req.Context()
+	// Deadlines run on the real clock whatever Now says.
+	r.deadline, _ = r.parent.Deadline()
 	if r.pol.Timeout > 0 {
-		// Deadlines run on the real clock whatever Now says. A caller's
-		// sooner deadline already bounds everything (and spares a timer).
-		if dl, ok := r.ctx.Deadline(); !ok || time.Until(dl) > r.pol.Timeout {
-			r.ctx, r.cancel = context.WithTimeout(r.ctx, r.pol.Timeout)
+		if dl := time.Now().Add(r.pol.Timeout); r.deadline.IsZero() || dl.Before(r.deadline) {
+			r.deadline = dl
 		}
 	}
 	r.trace = &Trace{
@@ -321,7 +329,7 @@ func (r *run) do() (*http.Response, error) {
 				return r.stop(err)
 			}
 		}
-		if err := t.sleep(r.ctx, res.Wait); err != nil {
+		if err := t.sleep(r.context(), res.Wait); err != nil {
 			return r.stop(err)
 		}
 		body = nil
@@ -373,7 +381,37 @@ func (r *run) refresh() error {
 		r.work = r.req.Clone(r.req.Context())
 	}
 	r.ledger.Refreshed = true
-	return r.pol.Refresh(r.ctx, r.work)
+	return r.pol.Refresh(r.context(), r.work)
+}
+
+// context returns the request's context bounded by its overall deadline.
+func (r *run) context() context.Context {
+	if r.ctx == nil {
+		if r.deadline.IsZero() {
+			r.ctx = r.parent
+		} else {
+			r.ctx, r.cancel = context.WithDeadline(r.parent, r.deadline)
+		}
+	}
+	return r.ctx
+}
+
+// release lets go of the request's context, if one was made.
+func (r *run) release() {
+	if r.cancel != nil {
+		r.cancel()
+	}
+}
+
+// ended reports whether the caller gave up or the overall deadline passed.
+func (r *run) ended() error {
+	if err := r.parent.Err(); err != nil {
+		return err
+	}
+	if !r.deadline.IsZero() && !time.Now().Before(r.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // newEmptyBody returns a body with no bytes that net/http cannot rewind: it
@@ -401,73 +439,23 @@ func netHTTPReplays(req *http.Request) bool {
 	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
 }
 
-// attemptTimer bounds an attempt up to its response headers.
-type attemptTimer struct {
-	mu      sync.Mutex
-	stopped bool
-	fired   bool
-	tm      *time.Timer
-}
-
-func (a *attemptTimer) stop() (fired bool) {
-	if a == nil {
-		return false
-	}
-	a.mu.Lock()
-	a.stopped = true
-	fired = a.fired
-	a.mu.Unlock()
-	a.tm.Stop()
-	return fired
-}
-
-func (a *attemptTimer) hasFired() bool {
-	if a == nil {
-		return false
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.fired
-}
-
 // attempt runs attempt n and classifies how it ended.
 func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 	t := r.t
 	rec.Start = t.now()
 	ar := &attemptResult{}
-	// Only an attempt timeout needs a context of its own; the request's
-	// context bounds the rest.
-	actx, cancel := r.ctx, context.CancelCauseFunc(func(error) {})
-	if r.pol.AttemptTimeout > 0 {
-		actx, cancel = context.WithCancelCause(r.ctx)
-	}
-	ar.cancel = cancel
-	at := &attemptTrace{w: t.Witness, viaHTTPTrace: !t.direct}
-	actx = context.WithValue(actx, attemptKey{}, at)
+	at := &ar.at
+	at.w, at.viaHTTPTrace = t.Witness, !t.direct
+	ar.ctx.start(r.parent, at, r.deadline, r.pol.AttemptTimeout)
+	var actx context.Context = &ar.ctx
 	if !t.direct {
 		actx = httptrace.WithClientTrace(actx, at.clientTrace())
-	}
-	var timer *attemptTimer
-	if r.pol.AttemptTimeout > 0 {
-		timer = &attemptTimer{}
-		timer.tm = time.AfterFunc(r.pol.AttemptTimeout, func() {
-			timer.mu.Lock()
-			if timer.stopped {
-				timer.mu.Unlock()
-				return
-			}
-			timer.fired = true
-			timer.mu.Unlock()
-			at.freezeConn()
-			cancel(errAttemptTimeout)
-		})
 	}
 	defer func() { rec.Duration = t.now().Sub(rec.Start) }()
 
 	if t.Acquire != nil {
 		release, err := t.Acquire(actx, r.pol.Upstream)
 		if err != nil {
-			timer.stop()
 			if body != nil {
 				body.Close()
 			}
@@ -495,13 +483,15 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 		}
 	}
 	resp, err := t.base.RoundTrip(areq)
-	fired := timer.stop()
+	// From here on only the overall deadline bounds the attempt (its body).
+	fired := ar.ctx.headArrived()
 	if err == nil && fired {
+		// The head came as the timer ended the attempt: too late.
 		resp.Body.Close()
-		resp, err = nil, context.Cause(actx)
+		resp, err = nil, ar.ctx.Cause()
 		if err == nil {
-			// The timer has marked itself fired but is still freezing
-			// the connection: it has not cancelled actx yet.
+			// The timer has marked the attempt timed out but is still
+			// freezing the connection: it has not ended it yet.
 			err = errAttemptTimeout
 		}
 	}
@@ -509,7 +499,7 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 	rec.HiddenRetries = at.hidden
 	at.mu.Unlock()
 	if err != nil {
-		timedOut := fired || timer.hasFired() || errors.Is(r.ctx.Err(), context.DeadlineExceeded)
+		timedOut := fired || ar.ctx.timedOut() || errors.Is(r.ended(), context.DeadlineExceeded)
 		ar.err = err
 		rec.Err = err.Error()
 		rec.Failure, rec.Stage = at.classify(err, timedOut)
@@ -601,7 +591,7 @@ func (ar *attemptResult) done() {
 		ar.release()
 		ar.release = nil
 	}
-	ar.cancel(nil)
+	ar.ctx.finish()
 }
 
 // decide asks the engine about the attempt rec and records the answer.
@@ -623,8 +613,8 @@ func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
 		Backoff:           r.pol.Backoff,
 		PrevWait:          r.ledger.PrevWait,
 	}
-	if dl, ok := r.ctx.Deadline(); ok {
-		in.HasDeadline, in.DeadlineRemaining = true, time.Until(dl)
+	if !r.deadline.IsZero() {
+		in.HasDeadline, in.DeadlineRemaining = true, time.Until(r.deadline)
 	}
 	// A success is never retried and consults nothing: spare the budget's
 	// lock on the hot path.
@@ -640,7 +630,7 @@ func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
 	res := engine.Decide(&in, t.rand())
 	if res.Decision == engine.Retry {
 		switch {
-		case r.ctx.Err() != nil:
+		case r.ended() != nil:
 			// The caller gave up (a deadline would have been caught by
 			// rule 6).
 			res = engine.Result{Decision: engine.Deny, Reason: engine.ReasonDeadline}
@@ -730,7 +720,7 @@ func (r *run) finish(ar *attemptResult) (*http.Response, error) {
 }
 
 func (r *run) fail(cause error) error {
-	r.cancel()
+	r.release()
 	o := r.ledger.Outcome(r.idempotent, false)
 	r.trace.Outcome = o
 	status := r.ledger.Status(o)
@@ -845,10 +835,10 @@ func (b *responseBody) done() {
 			b.ar.release()
 			b.ar.release = nil
 		}
-		b.ar.cancel(nil)
+		b.ar.ctx.finish()
 	}
 	r := b.r
-	r.cancel()
+	r.release()
 	if r.trace.Outcome == engine.OutcomeNone {
 		r.t.Metrics.outcome("response")
 	} else {
