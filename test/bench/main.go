@@ -18,11 +18,19 @@
 // machine the load generator takes as little as possible from the proxies
 // under test, and the same generator measures all targets the same way
 // (closed loop, keep-alive, its own latency histogram).
+//
+// At saturation latency is queueing: the direct run's p99 is above the
+// proxies'. So latency is measured again at one fixed rate for all targets
+// (-rate, -pace-conns; -paced=false leaves it out) by test/bench/pace, an
+// open-loop generator in its own process that counts each request's
+// latency from the time it was meant to be sent (coordinated omission):
+// what a proxy adds is then its p50 or p99 less the direct run's.
 package main
 
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -42,7 +50,7 @@ import (
 
 var (
 	duration = flag.Duration("duration", 10*time.Second, "length of each measured wrk run")
-	warmup   = flag.Duration("warmup", 2*time.Second, "length of the unmeasured run before each target's first measurement")
+	warmup   = flag.Duration("warmup", 2*time.Second, "length of the unmeasured run before each target's first wrk measurement, and of the unrecorded start of each paced run")
 	conns    = flag.Int("conns", 32, "wrk connections")
 	threads  = flag.Int("threads", 2, "wrk threads")
 	rounds   = flag.Int("rounds", 1, "measured runs per target and workload (the median is reported)")
@@ -53,6 +61,9 @@ var (
 	keep     = flag.Bool("keep", false, "keep the work directory (configs, logs)")
 	profile  = flag.String("profile", "", "write a CPU profile of egret during its first measured GET run to `FILE`")
 	extra    = flag.Bool("baselines", true, "also measure HAProxy logging each request (haproxy+log) and a bare Go relay (go-relay)")
+	rate     = flag.Float64("rate", 4000, "requests per second of the paced runs")
+	paceN    = flag.Int("pace-conns", 16, "connections of the paced runs")
+	paced    = flag.Bool("paced", true, "after the wrk runs, measure latency at the fixed rate -rate (test/bench/pace)")
 )
 
 func main() {
@@ -73,6 +84,14 @@ type result struct {
 	// cpu is the CPU time (user + system) the target's process spent per
 	// request (0: no process of its own, i.e. direct).
 	cpu time.Duration
+}
+
+// workload is one kind of request: a wrk script and pace's flags for it.
+type workload struct {
+	name   string
+	lua    string
+	method string
+	body   int
 }
 
 type target struct {
@@ -126,6 +145,15 @@ func run() error {
 			return fmt.Errorf("go build: %w", err)
 		}
 	}
+	var paceBin string
+	if *paced {
+		if *rate <= 0 || *paceN <= 0 {
+			return errors.New("-rate and -pace-conns must be positive")
+		}
+		if paceBin, err = goBuild(dir, "pace"); err != nil {
+			return err
+		}
+	}
 
 	egretAddr, metricsAddr := freeAddr(), freeAddr()
 	egretLog, err := os.Create(filepath.Join(dir, "egret.log"))
@@ -163,11 +191,9 @@ func run() error {
 			return err
 		}
 		defer stop(hpl)
-		relayBin := filepath.Join(dir, "relay")
-		cmd := exec.Command("go", "build", "-o", relayBin, "github.com/egret-proxy/egret/test/bench/relay")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("go build relay: %w", err)
+		relayBin, err := goBuild(dir, "relay")
+		if err != nil {
+			return err
 		}
 		relayAddr := freeAddr()
 		rl := exec.Command(relayBin, relayAddr, upAddr)
@@ -214,12 +240,9 @@ func run() error {
 		fmt.Println()
 	}
 
-	workloads := []struct {
-		name string
-		lua  string
-	}{
-		{"GET", "wrk.method = \"GET\"\n"},
-		{"POST 4KiB", "wrk.method = \"POST\"\nwrk.body = string.rep(\"p\", 4096)\nwrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n"},
+	workloads := []workload{
+		{"GET", "wrk.method = \"GET\"\n", "GET", 0},
+		{"POST 4KiB", "wrk.method = \"POST\"\nwrk.body = string.rep(\"p\", 4096)\nwrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n", "POST", 4096},
 	}
 	// Rounds are interleaved across the targets, so that a change in the
 	// machine's load hits all three alike; each target's median is kept.
@@ -300,14 +323,153 @@ func run() error {
 				float64(g.cpu)/float64(max(h.cpu, 1)), float64(e.cpu)/float64(max(g.cpu, 1)))
 		}
 	}
+	var satErr error
 	for _, w := range workloads {
 		for _, tg := range targets {
-			if r := results[key{w.name, tg.name}]; r.non2xx+r.errors > 0 {
-				return fmt.Errorf("%s %s: %d non-2xx answers or socket errors: the figures are not comparable", w.name, tg.name, r.non2xx+r.errors)
+			if r := results[key{w.name, tg.name}]; r.non2xx+r.errors > 0 && satErr == nil {
+				satErr = fmt.Errorf("%s %s: %d non-2xx answers or socket errors: the figures are not comparable", w.name, tg.name, r.non2xx+r.errors)
 			}
 		}
 	}
+	if *paced {
+		if err := measurePaced(paceBin, upAddr, targets, workloads); err != nil {
+			return errors.Join(satErr, err)
+		}
+	}
+	return satErr
+}
+
+// goBuild builds test/bench/NAME of this module into dir.
+func goBuild(dir, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/egret-proxy/egret/test/bench/"+name)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build %s: %w", name, err)
+	}
+	return bin, nil
+}
+
+// paceResult is one run of test/bench/pace (its JSON line), and the
+// target's CPU time per request over it.
+type paceResult struct {
+	Requests int64         `json:"requests"` // in the measured window
+	Total    int64         `json:"total"`    // with the warmup's
+	Errors   int64         `json:"errors"`
+	Non2xx   int64         `json:"non2xx"`
+	Rate     float64       `json:"rate"`
+	P50      time.Duration `json:"p50_ns"`
+	P90      time.Duration `json:"p90_ns"`
+	P99      time.Duration `json:"p99_ns"`
+	P999     time.Duration `json:"p999_ns"`
+	Max      time.Duration `json:"max_ns"`
+	LateP50  time.Duration `json:"late_p50_ns"`
+	LateP99  time.Duration `json:"late_p99_ns"`
+	cpu      time.Duration
+}
+
+// measurePaced runs pace at -rate against every target for each workload,
+// rounds interleaved across the targets as the wrk runs are, keeps each
+// target's median by p99 and prints them with the latency the proxies add
+// to the direct run's. A run with socket errors, non-2xx answers or an
+// achieved rate more than 2 % below -rate makes it fail, after printing.
+func measurePaced(bin, host string, targets []target, workloads []workload) error {
+	type key struct{ w, t string }
+	results := map[key]paceResult{}
+	var bad []string
+	var late50, late99 time.Duration
+	for _, w := range workloads {
+		runs := make([][]paceResult, len(targets))
+		for range *rounds {
+			for ti, tg := range targets {
+				cpu0 := cpuTime(tg.pid)
+				r, err := runPace(bin, tg, host, w)
+				if err != nil {
+					return fmt.Errorf("paced %s %s: %w", w.name, tg.name, err)
+				}
+				// Over the warmup's requests too: the rate is the same.
+				if tg.pid != 0 && r.Total > 0 {
+					r.cpu = (cpuTime(tg.pid) - cpu0) / time.Duration(r.Total)
+				}
+				if n := r.Errors + r.Non2xx; n > 0 {
+					bad = append(bad, fmt.Sprintf("%s %s: %d non-2xx answers or socket errors", w.name, tg.name, n))
+				}
+				if r.Rate < 0.98**rate {
+					bad = append(bad, fmt.Sprintf("%s %s: %.0f requests/s achieved, more than 2 %% below %g", w.name, tg.name, r.Rate, *rate))
+				}
+				late50, late99 = max(late50, r.LateP50), max(late99, r.LateP99)
+				runs[ti] = append(runs[ti], r)
+			}
+		}
+		for ti, tg := range targets {
+			rs := runs[ti]
+			sort.Slice(rs, func(i, j int) bool { return rs[i].P99 < rs[j].P99 })
+			results[key{w.name, tg.name}] = rs[len(rs)/2]
+		}
+	}
+
+	fmt.Printf("\npaced: %g requests/s on %d keep-alive connections (open loop), latency from each request's intended send time; median of %d by p99\n",
+		*rate, *paceN, *rounds)
+	fmt.Printf("%-10s %-11s %12s %10s %10s %10s %8s %12s\n", "workload", "target", "requests/s", "p50", "p99", "p99.9", "non-2xx", "CPU/request")
+	for _, w := range workloads {
+		for _, tg := range targets {
+			r := results[key{w.name, tg.name}]
+			cpu := "-"
+			if r.cpu > 0 {
+				cpu = fmtDur(r.cpu)
+			}
+			fmt.Printf("%-10s %-11s %12.0f %10s %10s %10s %8d %12s\n", w.name, tg.name, r.Rate, fmtDur(r.P50), fmtDur(r.P99), fmtDur(r.P999), r.Non2xx+r.Errors, cpu)
+		}
+	}
+	fmt.Printf("(the generator's own lateness, in every figure alike: wake-ups p50 %s, p99 %s at worst)\n", fmtDur(late50), fmtDur(late99))
+	fmt.Println()
+	fmt.Printf("added latency at %g requests/s:\n", *rate)
+	added := func(name string, d, h, e time.Duration) string {
+		ratio := "n/a: haproxy's is not above 0"
+		if h-d > 0 {
+			ratio = fmt.Sprintf("%.2f", float64(e-d)/float64(h-d))
+		}
+		return fmt.Sprintf("added %s (%s - direct %s): egret %s vs haproxy %s, ratio %s", name, name, name, fmtDur(e-d), fmtDur(h-d), ratio)
+	}
+	for _, w := range workloads {
+		d, h, e := results[key{w.name, "direct"}], results[key{w.name, "haproxy"}], results[key{w.name, "egret"}]
+		fmt.Printf("  %-10s %s\n", w.name, added("p99", d.P99, h.P99, e.P99))
+		fmt.Printf("  %-10s %s\n", w.name, added("p50", d.P50, h.P50, e.P50))
+		if *extra {
+			hl, g := results[key{w.name, "haproxy+log"}], results[key{w.name, "go-relay"}]
+			fmt.Printf("  %-10s baselines: added p99 haproxy+log %s, go-relay %s; added p50 haproxy+log %s, go-relay %s\n",
+				w.name, fmtDur(hl.P99-d.P99), fmtDur(g.P99-d.P99), fmtDur(hl.P50-d.P50), fmtDur(g.P50-d.P50))
+		}
+	}
+	if len(bad) > 0 {
+		fmt.Println("\nthe paced figures are not comparable:")
+		for _, b := range bad {
+			fmt.Println("  " + b)
+		}
+		return fmt.Errorf("paced runs: %s", strings.Join(bad, "; "))
+	}
 	return nil
+}
+
+// runPace runs pace against tg with workload w: -warmup unrecorded, then
+// -duration measured.
+func runPace(bin string, tg target, host string, w workload) (paceResult, error) {
+	var r paceResult
+	args := []string{"-addr", tg.addr, "-path", tg.path, "-host", host, "-method", w.method, "-body", strconv.Itoa(w.body),
+		"-rate", strconv.FormatFloat(*rate, 'f', -1, 64), "-conns", strconv.Itoa(*paceN),
+		"-warmup", warmup.String(), "-duration", duration.String()}
+	ctx, cancel := context.WithTimeout(context.Background(), *warmup+*duration+time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stderr = os.Stderr // its first socket error, if any
+	out, err := cmd.Output()
+	if err != nil {
+		return r, fmt.Errorf("pace: %w", err)
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return r, fmt.Errorf("pace output %q: %w", out, err)
+	}
+	return r, nil
 }
 
 // startHAProxy checks and starts HAProxy with config cfg; its output goes
