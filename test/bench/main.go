@@ -46,6 +46,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/egret-proxy/egret/test/bench/internal/pacereport"
 )
 
 var (
@@ -298,11 +300,7 @@ func run() error {
 	for _, w := range workloads {
 		for _, tg := range targets {
 			r := results[key{w.name, tg.name}]
-			cpu := "-"
-			if r.cpu > 0 {
-				cpu = fmtDur(r.cpu)
-			}
-			fmt.Printf("%-10s %-11s %12.0f %10s %10s %8d %12s\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors, cpu)
+			fmt.Printf("%-10s %-11s %12.0f %10s %10s %8d %12s\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors, cpuCell(r.cpu))
 		}
 	}
 	fmt.Println()
@@ -339,6 +337,14 @@ func run() error {
 	return satErr
 }
 
+// cpuCell is a CPU time per request for the tables ("-" when not measured).
+func cpuCell(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmtDur(d)
+}
+
 // goBuild builds test/bench/NAME of this module into dir.
 func goBuild(dir, name string) (string, error) {
 	bin := filepath.Join(dir, name)
@@ -353,19 +359,8 @@ func goBuild(dir, name string) (string, error) {
 // paceResult is one run of test/bench/pace (its JSON line), and the
 // target's CPU time per request over it.
 type paceResult struct {
-	Requests int64         `json:"requests"` // in the measured window
-	Total    int64         `json:"total"`    // with the warmup's
-	Errors   int64         `json:"errors"`
-	Non2xx   int64         `json:"non2xx"`
-	Rate     float64       `json:"rate"`
-	P50      time.Duration `json:"p50_ns"`
-	P90      time.Duration `json:"p90_ns"`
-	P99      time.Duration `json:"p99_ns"`
-	P999     time.Duration `json:"p999_ns"`
-	Max      time.Duration `json:"max_ns"`
-	LateP50  time.Duration `json:"late_p50_ns"`
-	LateP99  time.Duration `json:"late_p99_ns"`
-	cpu      time.Duration
+	pacereport.Report
+	cpu time.Duration
 }
 
 // measurePaced runs pace at -rate against every target for each workload,
@@ -414,11 +409,7 @@ func measurePaced(bin, host string, targets []target, workloads []workload) erro
 	for _, w := range workloads {
 		for _, tg := range targets {
 			r := results[key{w.name, tg.name}]
-			cpu := "-"
-			if r.cpu > 0 {
-				cpu = fmtDur(r.cpu)
-			}
-			fmt.Printf("%-10s %-11s %12.0f %10s %10s %10s %8d %12s\n", w.name, tg.name, r.Rate, fmtDur(r.P50), fmtDur(r.P99), fmtDur(r.P999), r.Non2xx+r.Errors, cpu)
+			fmt.Printf("%-10s %-11s %12.0f %10s %10s %10s %8d %12s\n", w.name, tg.name, r.Rate, fmtDur(r.P50), fmtDur(r.P99), fmtDur(r.P999), r.Non2xx+r.Errors, cpuCell(r.cpu))
 		}
 	}
 	fmt.Printf("(the generator's own lateness, in every figure alike: wake-ups p50 %s, p99 %s at worst)\n", fmtDur(late50), fmtDur(late99))

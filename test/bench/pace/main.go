@@ -38,6 +38,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/egret-proxy/egret/test/bench/internal/pacereport"
 )
 
 type config struct {
@@ -49,21 +51,8 @@ type config struct {
 	timeout                  time.Duration // per request, sending to end of answer
 }
 
-// report is the JSON line pace prints; durations are in nanoseconds.
-type report struct {
-	Requests int64         `json:"requests"`
-	Total    int64         `json:"total"`
-	Errors   int64         `json:"errors"`
-	Non2xx   int64         `json:"non2xx"`
-	Rate     float64       `json:"rate"`
-	P50      time.Duration `json:"p50_ns"`
-	P90      time.Duration `json:"p90_ns"`
-	P99      time.Duration `json:"p99_ns"`
-	P999     time.Duration `json:"p999_ns"`
-	Max      time.Duration `json:"max_ns"`
-	LateP50  time.Duration `json:"late_p50_ns"`
-	LateP99  time.Duration `json:"late_p99_ns"`
-}
+// report is the JSON line pace prints.
+type report = pacereport.Report
 
 func main() {
 	var cfg config
