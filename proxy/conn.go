@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/rawsock"
 )
 
 // Why a custom connection loop rather than net/http.Server: the proxy must
@@ -158,7 +159,7 @@ func (r *prefixReader) wait() bool {
 func (r *prefixReader) readFD(fd uintptr) bool {
 	r.take()
 	for {
-		r.rn, r.rerr = syscall.Read(int(fd), *r.buf)
+		r.rn, r.rerr = rawsock.Read(fd, *r.buf)
 		if r.rerr != syscall.EINTR {
 			break
 		}
@@ -362,8 +363,8 @@ func (c *conn) answer(req *http.Request, a *answer) bool {
 // take a cut response for a complete one.
 func (c *conn) abort() {
 	c.aborted = true
-	if tc, ok := c.c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
+	if l, ok := c.c.(interface{ SetLinger(int) error }); ok {
+		l.SetLinger(0)
 	}
 	c.c.Close()
 }

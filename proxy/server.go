@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/rawsock"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/proxy/witness"
 	"github.com/egret-proxy/egret/retry"
@@ -265,7 +266,7 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		backoff = 0
-		c := s.newConn(nc)
+		c := s.newConn(rawsock.Wrap(nc))
 		if c == nil {
 			continue
 		}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/egret-proxy/egret/internal/rawsock"
 )
 
 // HTTPOptions configures the one-attempt transport built by NewHTTPTransport.
@@ -174,6 +176,9 @@ func (t *HTTPTransport) knownH1(addr string) bool {
 // dialPlain opens a TCP connection wrapped for the witness.
 func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string) (net.Conn, error) {
 	c, err := t.dial(ctx, network, addr)
+	if err == nil {
+		c = rawsock.Wrap(c)
+	}
 	if err != nil {
 		return nil, &DialError{Op: "dial", Addr: addr, Err: err}
 	}

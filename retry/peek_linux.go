@@ -25,7 +25,7 @@ func newPeeker() *peeker {
 }
 
 func (p *peeker) peek(fd uintptr) {
-	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), 1,
+	n, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	switch {
 	case errno == unix.EAGAIN || errno == unix.EINTR:

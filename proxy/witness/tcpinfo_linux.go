@@ -21,7 +21,7 @@ type tcpInfoCall struct {
 }
 
 func (t *tcpInfoCall) call(fd uintptr) {
-	_, _, t.errno = unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
+	_, _, t.errno = unix.RawSyscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
 		uintptr(unsafe.Pointer(&t.info)), uintptr(unsafe.Pointer(&t.optlen)), 0)
 }
 
