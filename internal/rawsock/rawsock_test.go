@@ -134,12 +134,14 @@ func TestSameAsNetConn(t *testing.T) {
 		return c.Write([]byte("x"))
 	})
 	differential(t, "write deadline with a peer that does not read", func(t *testing.T, c net.Conn, peer *net.TCPConn) (int, error) {
-		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		c.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
 		n, err := c.Write(make([]byte, 64<<20))
-		if n <= 0 || n >= 64<<20 {
-			t.Fatalf("wrote %d of 64 MiB before the deadline", n)
+		if n >= 64<<20 {
+			t.Fatalf("wrote all 64 MiB to a peer that does not read")
 		}
-		return 1, err // how much depends on the buffers: its sign is what counts
+		// How much left depends on the buffers (and on a loaded machine
+		// none may, the deadline passing before the first call).
+		return 0, err
 	})
 	differential(t, "empty read and write", func(t *testing.T, c net.Conn, peer *net.TCPConn) (int, error) {
 		if n, err := c.Write(nil); n != 0 || err != nil {
