@@ -36,11 +36,11 @@ func slowBodyServer(t *testing.T, pieces int, gap time.Duration) *rawServer {
 }
 
 func TestAttemptTimeoutDoesNotCutTheBody(t *testing.T) {
-	// The body takes 3 × 120 ms, past the 100 ms attempt timeout: the head
-	// came in time, so the body is read whole.
-	srv := slowBodyServer(t, 3, 120*time.Millisecond)
+	// The body takes 3 × 400 ms, well past the 300 ms attempt timeout: the
+	// head came in time, so the body is read whole.
+	srv := slowBodyServer(t, 3, 400*time.Millisecond)
 	tr, _, _ := testTransport(t, func(p *Policy) {
-		p.AttemptTimeout = 100 * time.Millisecond
+		p.AttemptTimeout = 300 * time.Millisecond
 		p.Timeout = 5 * time.Second
 	})
 	resp, err := tr.RoundTrip(get(t, srv.url()))
@@ -140,13 +140,13 @@ func TestAttemptCtxTimerBeforeTheHead(t *testing.T) {
 
 func TestAttemptCtxHeadThenDeadline(t *testing.T) {
 	var a attemptCtx
-	a.start(context.Background(), nil, time.Now().Add(150*time.Millisecond), 50*time.Millisecond)
+	a.start(context.Background(), nil, time.Now().Add(time.Second), 200*time.Millisecond)
 	if a.headArrived() {
 		t.Fatal("late at once")
 	}
 	var hooked atomic.Bool
 	a.setHook(func() { hooked.Store(true) })
-	time.Sleep(100 * time.Millisecond) // past the attempt timeout
+	time.Sleep(400 * time.Millisecond) // past the attempt timeout
 	if a.Err() != nil || a.timedOut() {
 		t.Fatalf("ended by the attempt timeout after the head: %v", a.Err())
 	}
