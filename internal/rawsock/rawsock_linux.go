@@ -95,17 +95,10 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return c.TCPConn.Read(p)
 	}
-	c.rmu.Lock()
-	c.rd = op{p: p}
-	err := c.rc.Read(c.rfn)
-	n, e := c.rd.n, c.rd.err
-	c.rd.p = nil
-	c.rmu.Unlock()
+	n, err := c.do(false, p)
 	switch {
 	case err != nil:
-		return 0, c.opError("read", rawErr(err))
-	case e != 0:
-		return 0, c.opError("read", os.NewSyscallError("read", e))
+		return 0, err
 	case n == 0:
 		return 0, io.EOF
 	}
@@ -118,17 +111,32 @@ func (c *Conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return c.TCPConn.Write(p)
 	}
-	c.wmu.Lock()
-	c.wr = op{p: p}
-	err := c.rc.Write(c.wfn)
-	n, e := c.wr.n, c.wr.err
-	c.wr.p = nil
-	c.wmu.Unlock()
+	return c.do(true, p)
+}
+
+// do runs one read or write of p through the RawConn (one of each at a
+// time, as net.Conn allows).
+func (c *Conn) do(write bool, p []byte) (int, error) {
+	mu, o, name := &c.rmu, &c.rd, "read"
+	if write {
+		mu, o, name = &c.wmu, &c.wr, "write"
+	}
+	mu.Lock()
+	*o = op{p: p}
+	var err error
+	if write {
+		err = c.rc.Write(c.wfn)
+	} else {
+		err = c.rc.Read(c.rfn)
+	}
+	n, e := o.n, o.err
+	o.p = nil
+	mu.Unlock()
 	switch {
 	case err != nil:
-		return n, c.opError("write", rawErr(err))
+		return n, c.opError(name, rawErr(err))
 	case e != 0:
-		return n, c.opError("write", os.NewSyscallError("write", e))
+		return n, c.opError(name, os.NewSyscallError(name, e))
 	}
 	return n, nil
 }

@@ -260,3 +260,28 @@ func TestRead(t *testing.T) {
 		t.Fatalf("at the end: %d, %v; want 0, nil", n, rerr)
 	}
 }
+
+// TestNoAllocations: a read or write that succeeds allocates nothing.
+func TestNoAllocations(t *testing.T) {
+	c, peer := pair(t)
+	w := Wrap(c)
+	msg := []byte("ping")
+	buf := make([]byte, 16)
+	n := testing.AllocsPerRun(100, func() {
+		if _, err := w.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(peer, buf[:4]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(w, buf[:4]); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("%.1f allocations per write and read", n)
+	}
+}
