@@ -66,6 +66,7 @@ var (
 	rate     = flag.Float64("rate", 4000, "requests per second of the paced runs")
 	paceN    = flag.Int("pace-conns", 16, "connections of the paced runs")
 	paced    = flag.Bool("paced", true, "after the wrk runs, measure latency at the fixed rate -rate (test/bench/pace)")
+	saturate = flag.Bool("saturate", true, "measure throughput at saturation with wrk (-saturate=false: the paced runs alone)")
 )
 
 func main() {
@@ -104,6 +105,9 @@ type target struct {
 }
 
 func run() error {
+	if !*saturate && !*paced && *idleN <= 0 {
+		return errors.New("-saturate=false, -paced=false and -idle 0 leave nothing to measure")
+	}
 	raiseFileLimit()
 	dir, err := os.MkdirTemp("", "egret-bench-")
 	if err != nil {
@@ -222,7 +226,11 @@ func run() error {
 	for _, tg := range targets[1:] {
 		fmt.Printf(", %s %s (pid %d)", tg.name, tg.addr, tg.pid)
 	}
-	fmt.Printf("; %d cores, wrk -t%d -c%d -d%v\n\n", numCPU(), *threads, *conns, *duration)
+	fmt.Printf("; %d cores", numCPU())
+	if *saturate {
+		fmt.Printf(", wrk -t%d -c%d -d%v", *threads, *conns, *duration)
+	}
+	fmt.Print("\n\n")
 
 	// Memory first, on fresh processes, so that heap left by the load runs
 	// does not hide the cost of new connections.
@@ -246,6 +254,26 @@ func run() error {
 		{"GET", "wrk.method = \"GET\"\n", "GET", 0},
 		{"POST 4KiB", "wrk.method = \"POST\"\nwrk.body = string.rep(\"p\", 4096)\nwrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n", "POST", 4096},
 	}
+	var satErr error
+	if *saturate {
+		var err error
+		if satErr, err = measureSaturation(dir, egret, metricsAddr, upAddr, targets, workloads); err != nil {
+			return err
+		}
+	}
+	if *paced {
+		if err := measurePaced(paceBin, upAddr, targets, workloads); err != nil {
+			return errors.Join(satErr, err)
+		}
+	}
+	return satErr
+}
+
+// measureSaturation runs wrk against every target for each workload,
+// rounds interleaved, and prints the medians and ratios. notComparable
+// reports a run with non-2xx answers or socket errors (after printing);
+// err, a run that could not be made.
+func measureSaturation(dir, egret, metricsAddr, upAddr string, targets []target, workloads []workload) (notComparable, err error) {
 	// Rounds are interleaved across the targets, so that a change in the
 	// machine's load hits all three alike; each target's median is kept.
 	type key struct{ w, t string }
@@ -256,11 +284,11 @@ func run() error {
 			scripts[ti] = filepath.Join(dir, fmt.Sprintf("w%d-%s.lua", wi, tg.name))
 			lua := w.lua + fmt.Sprintf("wrk.path = %q\nwrk.headers[\"Host\"] = %q\n", tg.path, upAddr)
 			if err := os.WriteFile(scripts[ti], []byte(lua), 0o644); err != nil {
-				return err
+				return nil, err
 			}
 			if *warmup > 0 {
 				if _, err := runWrk(tg.addr, scripts[ti], *warmup); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
@@ -275,14 +303,14 @@ func run() error {
 				cpu0 := cpuTime(tg.pid)
 				r, err := runWrk(tg.addr, scripts[ti], *duration)
 				if err != nil {
-					return fmt.Errorf("%s %s: %w", w.name, tg.name, err)
+					return nil, fmt.Errorf("%s %s: %w", w.name, tg.name, err)
 				}
 				if tg.pid != 0 && r.requests > 0 {
 					r.cpu = (cpuTime(tg.pid) - cpu0) / time.Duration(r.requests)
 				}
 				if prof != nil {
 					if err := <-prof; err != nil {
-						return fmt.Errorf("profile: %w", err)
+						return nil, fmt.Errorf("profile: %w", err)
 					}
 					fmt.Printf("CPU profile of egret's first GET run: %s (go tool pprof %s %s)\n\n", *profile, egret, *profile)
 				}
@@ -329,12 +357,7 @@ func run() error {
 			}
 		}
 	}
-	if *paced {
-		if err := measurePaced(paceBin, upAddr, targets, workloads); err != nil {
-			return errors.Join(satErr, err)
-		}
-	}
-	return satErr
+	return satErr, nil
 }
 
 // cpuCell is a CPU time per request for the tables ("-" when not measured).
