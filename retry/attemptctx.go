@@ -71,8 +71,12 @@ func (a *attemptCtx) start(parent context.Context, at *attemptTrace, deadline ti
 		}
 	}
 	if cause != nil {
+		// Under the lock: a timer already due may fire at once, and fire
+		// and end read a.timer under it.
+		a.mu.Lock()
 		a.timerCause = cause
 		a.timer = time.AfterFunc(max(d, 0), a.fire)
+		a.mu.Unlock()
 	}
 	if parent.Done() != nil {
 		stop := context.AfterFunc(parent, a.parentEnded)

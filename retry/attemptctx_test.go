@@ -224,3 +224,21 @@ func TestAttemptCtxAllocations(t *testing.T) {
 		t.Fatalf("%.0f allocations per attempt", n)
 	}
 }
+
+// TestAttemptCtxDeadlineAlreadyPassed: a deadline already behind when the
+// attempt starts ends it at once, with the deadline's error, and as timed
+// out (its timer fires while start is still arming it: run with -race).
+func TestAttemptCtxDeadlineAlreadyPassed(t *testing.T) {
+	for range 200 {
+		var a attemptCtx
+		a.start(context.Background(), nil, time.Now().Add(-time.Millisecond), time.Hour)
+		select {
+		case <-a.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("a passed deadline did not end the attempt")
+		}
+		if a.Err() != context.DeadlineExceeded || !a.timedOut() {
+			t.Fatalf("err %v, timedOut %v", a.Err(), a.timedOut())
+		}
+	}
+}
