@@ -3,8 +3,11 @@ package bpfload
 import (
 	"errors"
 	"fmt"
+	"net"
+	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -42,27 +45,85 @@ const Source = "ebpf"
 //
 // On a kernel without these features Load fails and there is no Witness;
 // the proxy keeps witness.TCPInfo.
+//
+// Snapshot's system calls (the map lookup, TCP_INFO) are raw ones: a call
+// through the scheduler's system-call state wakes Go's monitor thread after
+// every idle moment, which then polls every 20 µs (see internal/rawsock),
+// and Snapshot runs once per proxied request.
 type Witness struct {
 	m *ebpf.Map
+	// raw: the record is read with a raw BPF_MAP_LOOKUP_ELEM (the map's
+	// value is a Record byte for byte); else through cilium/ebpf.
+	raw bool
 }
 
 var _ witness.Witness = (*Witness)(nil)
 
 // Witness returns the eBPF witness backed by this loader's maps.
-func (l *Loader) Witness() *Witness { return &Witness{m: l.objs.EgretWitness} }
+func (l *Loader) Witness() *Witness {
+	m := l.objs.EgretWitness
+	return &Witness{m: m, raw: m.KeySize() == 4 && m.ValueSize() == uint32(unsafe.Sizeof(Record{}))}
+}
 
 // Record is the raw per-socket record plus the socket's cookie.
 type Record = bpf.EgretWitnessRec
 
+// lookupCall is one BPF_MAP_LOOKUP_ELEM of the witness map by a socket's
+// fd, pooled with its method value so that a lookup allocates nothing.
+type lookupCall struct {
+	// attr is the command's union bpf_attr: map_fd (and padding), key,
+	// value, flags.
+	attr  [4]uint64
+	key   int32
+	rec   Record
+	mapFD uint32
+	errno syscall.Errno
+	fn    func(fd uintptr)
+}
+
+func (l *lookupCall) call(fd uintptr) {
+	l.key = int32(fd)
+	l.attr = [4]uint64{uint64(l.mapFD), uint64(uintptr(unsafe.Pointer(&l.key))), uint64(uintptr(unsafe.Pointer(&l.rec))), 0}
+	_, _, l.errno = unix.RawSyscall(unix.SYS_BPF, unix.BPF_MAP_LOOKUP_ELEM, uintptr(unsafe.Pointer(&l.attr)), unsafe.Sizeof(l.attr))
+}
+
+var lookupCalls = sync.Pool{New: func() any {
+	l := &lookupCall{}
+	l.fn = l.call
+	return l
+}}
+
+// lookup reads the record of the socket behind c: err when c cannot be
+// used (closed), lerr when the map has no record or the lookup failed.
+func (w *Witness) lookup(c syscall.RawConn) (Record, error, error) {
+	if !w.raw {
+		return w.lookupLibrary(c)
+	}
+	l := lookupCalls.Get().(*lookupCall)
+	defer lookupCalls.Put(l)
+	l.rec, l.errno, l.mapFD = Record{}, 0, uint32(w.m.FD())
+	if err := c.Control(l.fn); err != nil {
+		return Record{}, nil, err
+	}
+	switch l.errno {
+	case 0:
+		return l.rec, nil, nil
+	case unix.ENOENT:
+		return Record{}, ebpf.ErrKeyNotExist, nil
+	}
+	return Record{}, fmt.Errorf("lookup: %w", l.errno), nil
+}
+
+// lookupLibrary is lookup through cilium/ebpf's Map.Lookup (its own
+// function: the closure's captures would make lookup allocate).
+func (w *Witness) lookupLibrary(c syscall.RawConn) (rec Record, lerr, err error) {
+	err = c.Control(func(fd uintptr) { lerr = w.m.Lookup(uint32(fd), &rec) })
+	return rec, lerr, err
+}
+
 // Record returns the raw kernel record of the socket behind c.
 func (w *Witness) Record(c syscall.RawConn) (Record, error) {
-	var (
-		rec  Record
-		lerr error
-	)
-	err := c.Control(func(fd uintptr) {
-		lerr = w.m.Lookup(uint32(fd), &rec)
-	})
+	rec, lerr, err := w.lookup(c)
 	if err != nil {
 		return rec, err
 	}
@@ -81,14 +142,11 @@ func (w *Witness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
 	if err != nil {
 		return witness.Counters{}, err
 	}
-	var (
-		info *unix.TCPInfo
-		ierr error
-	)
-	if err := c.Control(func(fd uintptr) {
-		info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-	}); err != nil {
-		return witness.Counters{}, err
+	// TCP_INFO, read live (witness.TCPInfo's call is a raw one too). Its
+	// failure leaves the record's counts, unless c itself cannot be used.
+	info, ierr := witness.TCPInfo{}.Snapshot(c)
+	if errors.Is(ierr, net.ErrClosed) {
+		return witness.Counters{}, ierr
 	}
 	complete := rec.Flags&bpf.WitnessComplete != 0
 	ctr := witness.Counters{
@@ -106,15 +164,15 @@ func (w *Witness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
 	if rec.ResetNs != 0 {
 		ctr.ResetAt = bootToWall(rec.ResetNs)
 	}
-	if ierr == nil && info != nil {
-		ctr.BytesSent = max(ctr.BytesSent, info.Bytes_sent)
-		ctr.DataSegsOut = max(ctr.DataSegsOut, uint64(info.Data_segs_out))
-		ctr.BytesAcked = max(ctr.BytesAcked, info.Bytes_acked)
-		ctr.Retransmits = max(ctr.Retransmits, info.Total_retrans)
+	if ierr == nil {
+		ctr.BytesSent = max(ctr.BytesSent, info.BytesSent)
+		ctr.DataSegsOut = max(ctr.DataSegsOut, info.DataSegsOut)
+		ctr.BytesAcked = max(ctr.BytesAcked, info.BytesAcked)
+		ctr.Retransmits = max(ctr.Retransmits, info.Retransmits)
 		ctr.State = info.State
 		// Bytes the socket holds but has not sent yet: they may still
 		// leave after this snapshot (witness.NoByteLeft refuses a proof).
-		ctr.NotSentBytes, ctr.HasNotSentBytes = uint64(info.Notsent_bytes), true
+		ctr.NotSentBytes, ctr.HasNotSentBytes = info.NotSentBytes, info.HasNotSentBytes
 	}
 	return ctr, nil
 }

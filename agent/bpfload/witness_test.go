@@ -175,3 +175,56 @@ func TestWitnessIgnoresUnmarkedSockets(t *testing.T) {
 		t.Fatalf("unmarked socket: err = %v, want witness.ErrUnsupported", err)
 	}
 }
+
+// TestWitnessRawLookupMatchesLibrary: the raw BPF_MAP_LOOKUP_ELEM that
+// Snapshot makes reads the same record as cilium/ebpf's Map.Lookup, for a
+// tracked socket after traffic and for an untracked one, and a snapshot
+// allocates nothing.
+func TestWitnessRawLookupMatchesLibrary(t *testing.T) {
+	e := setup(t)
+	srv := e.upstream(t)
+	w := e.l.Witness()
+	if !w.RawLookup() {
+		t.Fatal("the witness map's value is not a Record byte for byte: no raw lookup")
+	}
+	c, s := upstreamPair(t, e, srv, e.l.Mark())
+	if _, err := c.Write(make([]byte, 70000)); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(s, make([]byte, 70000)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the last ACKs
+	rc := rawConn(t, c)
+	raw, err := w.Record(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib, err := w.RecordViaLibrary(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw != lib || raw.TxBytes < 70000 || raw.Cookie == 0 {
+		t.Fatalf("raw lookup %+v\nlibrary    %+v", raw, lib)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := w.Snapshot(rc); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 && !raceEnabled {
+		t.Fatalf("%.0f allocations per snapshot", n)
+	}
+
+	u, _ := upstreamPair(t, e, srv, 0)
+	ru := rawConn(t, u)
+	_, rerr := w.Record(ru)
+	_, lerr := w.RecordViaLibrary(ru)
+	if !errors.Is(rerr, witness.ErrUnsupported) || !errors.Is(lerr, witness.ErrUnsupported) {
+		t.Fatalf("untracked socket: raw %v, library %v", rerr, lerr)
+	}
+	c.Close()
+	if _, err := w.Snapshot(rc); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("closed socket: %v", err)
+	}
+}

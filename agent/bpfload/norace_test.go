@@ -1,0 +1,5 @@
+//go:build !race
+
+package bpfload_test
+
+const raceEnabled = false
