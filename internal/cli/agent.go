@@ -79,7 +79,10 @@ func runAgent(c *cli.Context) error {
 	if c.String("pods") == "" {
 		return cli.Exit("agent needs --pods FILE", 2)
 	}
-	log, err := newLogger(c, c.App.ErrWriter)
+	// Batched as `egret proxy`'s: no write(2) per request line.
+	lw := newLogWriter(c.App.ErrWriter)
+	defer lw.Close()
+	log, err := newLogger(c, lw)
 	if err != nil {
 		return err
 	}

@@ -81,7 +81,10 @@ func runRun(c *cli.Context) error {
 	if len(args) == 0 {
 		return cli.Exit("run needs a command: egret run [--netns host|new] -- CMD [ARGS...]", 2)
 	}
-	log, err := newLogger(c, c.App.ErrWriter)
+	// Batched as `egret proxy`'s: no write(2) per request line.
+	lw := newLogWriter(c.App.ErrWriter)
+	defer lw.Close()
+	log, err := newLogger(c, lw)
 	if err != nil {
 		return err
 	}
