@@ -68,12 +68,19 @@ func (l *Loader) Witness() *Witness {
 // Record is the raw per-socket record plus the socket's cookie.
 type Record = bpf.EgretWitnessRec
 
+// mapElemAttr is union bpf_attr as the BPF_MAP_*_ELEM commands read it.
+type mapElemAttr struct {
+	mapFD uint32
+	_     uint32
+	key   uint64 // a pointer
+	value uint64 // a pointer
+	flags uint64
+}
+
 // lookupCall is one BPF_MAP_LOOKUP_ELEM of the witness map by a socket's
 // fd, pooled with its method value so that a lookup allocates nothing.
 type lookupCall struct {
-	// attr is the command's union bpf_attr: map_fd (and padding), key,
-	// value, flags.
-	attr  [4]uint64
+	attr  mapElemAttr
 	key   int32
 	rec   Record
 	mapFD uint32
@@ -83,7 +90,7 @@ type lookupCall struct {
 
 func (l *lookupCall) call(fd uintptr) {
 	l.key = int32(fd)
-	l.attr = [4]uint64{uint64(l.mapFD), uint64(uintptr(unsafe.Pointer(&l.key))), uint64(uintptr(unsafe.Pointer(&l.rec))), 0}
+	l.attr = mapElemAttr{mapFD: l.mapFD, key: uint64(uintptr(unsafe.Pointer(&l.key))), value: uint64(uintptr(unsafe.Pointer(&l.rec)))}
 	_, _, l.errno = unix.RawSyscall(unix.SYS_BPF, unix.BPF_MAP_LOOKUP_ELEM, uintptr(unsafe.Pointer(&l.attr)), unsafe.Sizeof(l.attr))
 }
 
