@@ -158,12 +158,7 @@ func (r *prefixReader) wait() bool {
 // no buffer) when the kernel has nothing yet.
 func (r *prefixReader) readFD(fd uintptr) bool {
 	r.take()
-	for {
-		r.rn, r.rerr = rawsock.Read(fd, *r.buf)
-		if r.rerr != syscall.EINTR {
-			break
-		}
-	}
+	r.rn, r.rerr = rawsock.Read(fd, *r.buf) // EINTR is retried there
 	if r.rerr == syscall.EAGAIN {
 		r.release()
 		return false

@@ -55,20 +55,16 @@ func Wrap(c net.Conn) net.Conn {
 }
 
 func (c *Conn) readFD(fd uintptr) bool {
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rd.p[0])), uintptr(len(c.rd.p)))
-		switch e {
-		case 0:
-			c.rd.n = int(n)
-			return true
-		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return false
-		default:
-			c.rd.err = e
-			return true
-		}
+	n, err := Read(fd, c.rd.p)
+	switch {
+	case err == nil:
+		c.rd.n = n
+	case err == syscall.EAGAIN:
+		return false
+	default:
+		c.rd.err = err.(syscall.Errno)
 	}
+	return true
 }
 
 func (c *Conn) writeFD(fd uintptr) bool {
@@ -157,7 +153,8 @@ func (c *Conn) opError(op string, err error) error {
 
 // Read is read(2) on fd as a raw system call, for code that reads inside
 // a syscall.RawConn's Read: (0, nil) at the end of the stream, EAGAIN when
-// nothing is there yet. EINTR is retried.
+// nothing is there yet; an error is always a syscall.Errno. EINTR is
+// retried.
 func Read(fd uintptr, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
