@@ -21,7 +21,7 @@ import (
 // use its AfterFunc method (no goroutine per child).
 //
 // Do not call context.Cause on it: it would report an ancestor's cause.
-// causeOf and cause know it.
+// causeOf and the Cause method know it.
 type attemptCtx struct {
 	parent context.Context
 	at     *attemptTrace

@@ -499,7 +499,9 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 	rec.HiddenRetries = at.hidden
 	at.mu.Unlock()
 	if err != nil {
-		timedOut := fired || ar.ctx.timedOut() || errors.Is(r.ended(), context.DeadlineExceeded)
+		// fired is final: once the head phase ended, the timer can no
+		// longer end the attempt as a timeout.
+		timedOut := fired || errors.Is(r.ended(), context.DeadlineExceeded)
 		ar.err = err
 		rec.Err = err.Error()
 		rec.Failure, rec.Stage = at.classify(err, timedOut)
