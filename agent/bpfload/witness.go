@@ -80,17 +80,16 @@ type mapElemAttr struct {
 // lookupCall is one BPF_MAP_LOOKUP_ELEM of the witness map by a socket's
 // fd, pooled with its method value so that a lookup allocates nothing.
 type lookupCall struct {
-	attr  mapElemAttr
+	attr  mapElemAttr // its map_fd set by lookup, the rest by call
 	key   int32
 	rec   Record
-	mapFD uint32
 	errno syscall.Errno
 	fn    func(fd uintptr)
 }
 
 func (l *lookupCall) call(fd uintptr) {
 	l.key = int32(fd)
-	l.attr = mapElemAttr{mapFD: l.mapFD, key: uint64(uintptr(unsafe.Pointer(&l.key))), value: uint64(uintptr(unsafe.Pointer(&l.rec)))}
+	l.attr.key, l.attr.value = uint64(uintptr(unsafe.Pointer(&l.key))), uint64(uintptr(unsafe.Pointer(&l.rec)))
 	_, _, l.errno = unix.RawSyscall(unix.SYS_BPF, unix.BPF_MAP_LOOKUP_ELEM, uintptr(unsafe.Pointer(&l.attr)), unsafe.Sizeof(l.attr))
 }
 
@@ -108,7 +107,7 @@ func (w *Witness) lookup(c syscall.RawConn) (Record, error, error) {
 	}
 	l := lookupCalls.Get().(*lookupCall)
 	defer lookupCalls.Put(l)
-	l.rec, l.errno, l.mapFD = Record{}, 0, uint32(w.m.FD())
+	l.rec, l.errno, l.attr = Record{}, 0, mapElemAttr{mapFD: uint32(w.m.FD())}
 	if err := c.Control(l.fn); err != nil {
 		return Record{}, nil, err
 	}
