@@ -32,7 +32,8 @@ import (
 type connState uint8
 
 const (
-	stateIdle   connState = iota // waiting for a request
+	stateIdle   connState = iota // waiting for a next request on a kept connection
+	stateNew                     // accepted, its first request not begun
 	stateActive                  // reading, forwarding or answering one
 	stateTunnel                  // CONNECT tunnel or passthrough
 )

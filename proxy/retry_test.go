@@ -588,3 +588,86 @@ func TestAttemptsCountDispatchesNotReconnects(t *testing.T) {
 		t.Fatalf("upstream saw %d requests, want 2", arrivals.Load())
 	}
 }
+
+// connCount is how many client connections p holds.
+func (p *testProxy) connCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns)
+}
+
+func waitConns(t *testing.T, p *testProxy, n int) {
+	t.Helper()
+	for range 1000 {
+		if p.connCount() == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("proxy holds %d connections, want %d", p.connCount(), n)
+}
+
+// A connection accepted before Shutdown whose request comes after it began
+// is served (with Connection: close), not reset: its client connected in
+// time and cannot know the proxy is going.
+func TestShutdownServesNewConnection(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "served") })
+	p := startProxy(t, Config{})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitConns(t, p, 1)
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		shut <- p.Shutdown(ctx)
+	}()
+	for !p.Draining() {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // several of Shutdown's rounds
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", up.url("/"))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("request on a connection accepted before Shutdown: %v", err)
+	}
+	if body := readAll(t, resp.Body); resp.StatusCode != 200 || body != "served" || !resp.Close {
+		t.Fatalf("answer %d %q, close %v", resp.StatusCode, body, resp.Close)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after the answer: %v, want EOF", err)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// A new connection that never speaks is closed once its grace (here the
+// header timeout) is over, and Shutdown ends then without waiting longer.
+func TestShutdownClosesSilentNewConnection(t *testing.T) {
+	p := startProxy(t, Config{ReadHeaderTimeout: 300 * time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitConns(t, p, 1)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 2*time.Second {
+		t.Errorf("Shutdown took %v; the new connection's grace is 300ms", d)
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("the silent connection after Shutdown: %v, want EOF", err)
+	}
+}

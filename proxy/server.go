@@ -200,6 +200,7 @@ type Server struct {
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
+	shut      bool // Shutdown has ended: an accepted connection is closed
 }
 
 // New checks cfg and returns a Server.
@@ -295,16 +296,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	defer s.bases.closeIdle()
+	// A connection accepted but not yet spoken on is a client about to
+	// send its first request (it connected a moment ago, perhaps while
+	// the listener closed): closing it would reset that request. It has
+	// firstRequestGrace to begin one; an idle keep-alive connection is
+	// closed at once, as a client of keep-alive expects.
+	newUntil := time.Now().Add(min(firstRequestGrace, s.cfg.ReadHeaderTimeout))
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if s.closeIdleConns() == 0 {
+		if s.closeIdleConns(!time.Now().Before(newUntil)) == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			s.cancel()
 			s.mu.Lock()
+			s.shut = true
 			for c := range s.conns {
 				c.c.Close()
 			}
@@ -315,24 +323,35 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// closeIdleConns closes the connections waiting for a next request and
-// returns how many connections are left open.
-func (s *Server) closeIdleConns() int {
+// firstRequestGrace is how long Shutdown lets a new connection begin its
+// first request (net/http's Shutdown waits as long for its new ones).
+const firstRequestGrace = 5 * time.Second
+
+// closeIdleConns closes the connections waiting for a next request, and the
+// new ones too if closeNew, and returns how many connections are left
+// open. Once none is, the server takes no more (Shutdown has ended).
+func (s *Server) closeIdleConns(closeNew bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		if c.state == stateIdle {
+		if c.state == stateIdle || closeNew && c.state == stateNew {
 			c.c.Close()
 		}
+	}
+	if len(s.conns) == 0 {
+		s.shut = true
 	}
 	return len(s.conns)
 }
 
+// newConn registers nc. While the server closes it is still served (it
+// was accepted before the listener closed, and its client has sent or is
+// sending a request); once Shutdown has returned it is closed.
 func (s *Server) newConn(nc net.Conn) *conn {
-	c := &conn{s: s, c: nc, state: stateIdle}
+	c := &conn{s: s, c: nc, state: stateNew}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closing.Load() {
+	if s.shut {
 		nc.Close()
 		return nil
 	}
@@ -348,8 +367,9 @@ func (s *Server) removeConn(c *conn) {
 	s.cfg.Metrics.connClosed()
 }
 
-// setState moves c to state; a connection becoming active while the server
-// closes is refused (false).
+// setState moves c to state; a kept connection becoming active again while
+// the server closes is refused (false): Shutdown closes it. A new
+// connection may begin its first request.
 func (s *Server) setState(c *conn, st connState) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -92,6 +93,22 @@ func child(mode string) int {
 		_ = enc.Encode(r)
 	case "get":
 		tr := &http.Transport{DisableKeepAlives: true}
+		_ = enc.Encode(do(&http.Client{Transport: tr, Timeout: 20 * time.Second}, req))
+	case "held":
+		// Connect, say so on stdout, and send the request only after a
+		// line read from stdin: a client caught between its connect and
+		// its request by whatever the test does meanwhile.
+		sc := bufio.NewScanner(os.Stdin)
+		tr := &http.Transport{DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				_ = enc.Encode(response{Local: localOf(c), Err: errString(err)})
+				if err == nil && !sc.Scan() {
+					c.Close()
+					return nil, errors.New("stdin closed before the go-ahead")
+				}
+				return c, err
+			}}
 		_ = enc.Encode(do(&http.Client{Transport: tr, Timeout: 20 * time.Second}, req))
 	case "keepalive":
 		// One connection, a request, then another on the same connection
@@ -197,4 +214,18 @@ func (p *pod) childCmd(t *testing.T, mode string, req request, spec ...any) *exe
 	cmd := p.command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "EGRET_E2E_REQ="+string(b))
 	return cmd
+}
+
+func localOf(c net.Conn) string {
+	if c == nil {
+		return ""
+	}
+	return c.LocalAddr().String()
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

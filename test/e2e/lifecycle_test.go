@@ -1,13 +1,16 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -145,4 +148,50 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not met")
+}
+
+// A client that connected through egret just before its pod went, and
+// sends its request only after the pod's proxy began draining, is served
+// by that proxy, not reset: it connected in time and cannot know.
+func TestPodRemovedServesConnectedClient(t *testing.T) {
+	n := newNode(t, nodeOpts{})
+	p := n.addPod(t, "web", podOpts{})
+	led, up := startLedger(t, p.host4)
+	n.waitPod(t, "web", "running")
+
+	held := p.childCmd(t, "held", request{Method: "POST", URL: url(up, "/held"), Body: "once",
+		Headers: map[string]string{"Ledger-Id": "held"}})
+	in, _ := held.StdinPipe()
+	out, _ := held.StdoutPipe()
+	held.Stderr = os.Stderr
+	if err := p.start(held); err != nil {
+		t.Fatal(err)
+	}
+	lines := json.NewDecoder(out)
+	var connected, answer response
+	if err := lines.Decode(&connected); err != nil || connected.Err != "" {
+		t.Fatalf("held client's connect: %v %+v", err, connected)
+	}
+	if err := n.src.Remove("web"); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, n, "web")
+	time.Sleep(50 * time.Millisecond) // the proxy's drain is under way
+	if viaEgret(t, p, url(up, "/")) {
+		t.Fatal("a new connect still redirected after the pod went")
+	}
+	fmt.Fprintln(in, "go")
+	if err := lines.Decode(&answer); err != nil {
+		t.Fatal(err)
+	}
+	in.Close()
+	held.Wait()
+	if answer.Err != "" || answer.Status != 200 || answer.Headers.Get("Egret-Request-Id") == "" {
+		t.Fatalf("request on the connection made before the pod went: %+v", answer)
+	}
+	if got := led.Executions("held"); got != 1 {
+		t.Fatalf("ledger executed the held POST %d times", got)
+	}
+	t.Logf("connected at %s before the removal, request sent after it: %d via egret (%s)",
+		connected.Local, answer.Status, answer.Headers.Get("Egret-Request-Id"))
 }
