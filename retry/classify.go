@@ -136,9 +136,15 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	if wc != nil {
 		wc.arm(a.w)
 	}
-	raw, err := rawConnOf(info.Conn)
-	if err == nil {
-		a.before, err = a.w.Snapshot(raw)
+	var err error
+	if b, ok := wcFresh(wc, a.w); ok {
+		// Taken by the pool's check a moment ago, or at the dial.
+		a.before = b
+	} else {
+		var raw syscall.RawConn
+		if raw, err = rawConnOf(info.Conn); err == nil {
+			a.before, err = a.w.Snapshot(raw)
+		}
 	}
 	if err != nil && wc != nil {
 		// Already dead (and closed) before the request reached it: if
@@ -148,6 +154,13 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 		}
 	}
 	a.hasBefore = err == nil
+}
+
+func wcFresh(wc *witnessConn, w witness.Witness) (witness.Counters, bool) {
+	if wc == nil || wc.shared {
+		return witness.Counters{}, false
+	}
+	return wc.takeFresh(w)
 }
 
 // wroteOnPrevLocked reports whether the connection net/http is moving away

@@ -138,6 +138,9 @@ func (c *h1Conn) stale() bool {
 	if c.wc == nil || c.wc.raw == nil {
 		return false
 	}
+	if stale, decided := c.wc.checkIdle(c.tls); decided {
+		return stale
+	}
 	if c.peek == nil {
 		c.peek = newPeeker()
 	}

@@ -243,3 +243,161 @@ func TestPeekAllocatesNothing(t *testing.T) {
 		t.Fatalf("%.1f allocations per peek", allocs)
 	}
 }
+
+// countingWitness is witness.TCPInfo that counts its snapshots.
+type countingWitness struct{ n atomic.Int64 }
+
+func (w *countingWitness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
+	w.n.Add(1)
+	return witness.TCPInfo{}.Snapshot(c)
+}
+
+// pairConn returns a client connection wrapped for the witness and armed
+// with w, and its server side.
+func pairConn(t *testing.T, w witness.Witness) (*witnessConn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); peer.Close() })
+	wc := newWitnessConn(c)
+	wc.arm(w)
+	return wc, peer
+}
+
+// waitCheck polls the idle check until it answers want.
+func waitCheck(t *testing.T, pc *h1Conn, want bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		stale, decided := pc.wc.checkIdle(pc.tls)
+		if !decided {
+			t.Fatalf("%s: the witness's snapshot did not decide", what)
+		}
+		if stale == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: stale %v, want %v", what, stale, want)
+		}
+	}
+}
+
+// With a witness, the pool's check of an idle connection is the witness's
+// snapshot (state and bytes received against bytes read), not a peek; it
+// sees what the peek sees.
+func TestIdleCheckBySnapshot(t *testing.T) {
+	w := &countingWitness{}
+	wc, peer := pairConn(t, w)
+	pc := &h1Conn{wc: wc}
+	if pc.stale() {
+		t.Fatal("a live idle connection looks stale")
+	}
+	if pc.peek != nil {
+		t.Fatal("the check peeked although the witness's snapshot could tell")
+	}
+	// A response read whole leaves nothing pending.
+	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	io.WriteString(peer, answer)
+	if _, err := io.ReadFull(wc, make([]byte, len(answer))); err != nil {
+		t.Fatal(err)
+	}
+	waitCheck(t, pc, false, "after a response read whole")
+	// Bytes nobody asked for: stale on plain HTTP, not under TLS.
+	io.WriteString(peer, "HTTP/1.1 408 Request Timeout\r\n\r\n")
+	waitCheck(t, pc, true, "unsolicited bytes")
+	pc.tls = true
+	waitCheck(t, pc, false, "unsolicited bytes under TLS")
+	// The peer's close: stale either way.
+	peer.Close()
+	waitCheck(t, pc, true, "peer closed, TLS")
+	pc.tls = false
+	waitCheck(t, pc, true, "peer closed")
+	if pc.peek != nil {
+		t.Fatal("the check peeked")
+	}
+
+	// A reset.
+	wc2, peer2 := pairConn(t, w)
+	pc2 := &h1Conn{wc: wc2}
+	reset(peer2)
+	waitCheck(t, pc2, true, "peer reset")
+
+	// Without a witness it peeks.
+	wc3, _ := pairConn(t, nil)
+	pc3 := &h1Conn{wc: wc3}
+	if pc3.stale() || pc3.peek == nil {
+		t.Fatal("without a witness the check must peek")
+	}
+}
+
+// The idle check's snapshot serves as the next request's "before" once,
+// only for the witness that took it, and only while nothing was written.
+func TestFreshSnapshotTakenOnce(t *testing.T) {
+	w := &countingWitness{}
+	wc, peer := pairConn(t, w)
+	if stale, decided := wc.checkIdle(false); stale || !decided {
+		t.Fatalf("stale %v decided %v", stale, decided)
+	}
+	if _, ok := wc.takeFresh(witness.TCPInfo{}); ok {
+		t.Fatal("a snapshot taken by another witness was handed out")
+	}
+	wc.checkIdle(false)
+	b, ok := wc.takeFresh(w)
+	if !ok || !b.HasBytesSent || b.State != witness.StateEstablished {
+		t.Fatalf("fresh snapshot %+v %v", b, ok)
+	}
+	if _, ok := wc.takeFresh(w); ok {
+		t.Fatal("the fresh snapshot was handed out twice")
+	}
+	wc.checkIdle(false)
+	if _, err := wc.Write([]byte("GET / HTTP/1.1\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := wc.takeFresh(w); ok {
+		t.Fatal("a snapshot older than a write was handed out")
+	}
+	peer.Close()
+}
+
+// A keep-alive request through the pool with a witness costs one snapshot
+// for its "before" (the pool's check), not a peek and a snapshot; the
+// first request on a new connection uses the birth snapshot.
+func TestReusedConnectionOneSnapshot(t *testing.T) {
+	srv := newRawServer(t, func(c net.Conn, n int) {
+		br := bufio.NewReader(c)
+		for {
+			if _, _, err := readReq(br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	w := &countingWitness{}
+	tr, _, _ := testTransport(t, nil)
+	tr.Witness = w
+	for i := range 5 {
+		before := w.n.Load()
+		resp, err := tr.RoundTrip(get(t, srv.url()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := w.n.Load() - before; got != 1 {
+			t.Fatalf("request %d: %d snapshots, want 1", i, got)
+		}
+	}
+	if srv.conns.Load() != 1 {
+		t.Fatalf("%d connections", srv.conns.Load())
+	}
+}

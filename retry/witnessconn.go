@@ -3,6 +3,7 @@ package retry
 import (
 	"errors"
 	"net"
+	"reflect"
 	"sync"
 	"syscall"
 	"time"
@@ -39,6 +40,18 @@ type witnessConn struct {
 	bornAt   uint64 // written when birth was taken
 	written  uint64 // bytes the socket accepted from us
 	writing  int
+	// fresh is a snapshot taken while nothing was in flight (at birth, or
+	// by the pool's check of the idle connection), with the witness that
+	// took it and written at that moment: the next request's "before"
+	// when nothing was written since (see takeFresh).
+	fresh    witness.Counters
+	freshW   witness.Witness
+	freshAt  uint64
+	hasFresh bool
+	// read counts the bytes read from the socket. Only the goroutine
+	// reading a response touches it, and the pool's check once the
+	// connection is idle (the pool's lock orders the two).
+	read     uint64
 	frozen   bool
 	final    witness.Counters
 	finalOK  bool
@@ -95,7 +108,63 @@ func (c *witnessConn) snapBirthLocked() {
 	}
 	if s, err := c.w.Snapshot(c.raw); err == nil {
 		c.birth, c.hasBirth, c.bornAt = s, true, c.written
+		c.fresh, c.freshW, c.freshAt, c.hasFresh = s, c.w, c.written, true
 	}
+}
+
+// checkIdle tells from a snapshot by the connection's witness whether an
+// idle connection can no longer carry a request: the peer closed or reset
+// it (its state is no longer established), or, unless pendingOK (TLS: a
+// session ticket may wait), bytes wait that nobody asked for. decided is
+// false when the snapshot cannot tell (no witness, counters missing, a
+// failure other than a closed socket); the caller then peeks. The snapshot
+// is kept as the next request's "before" (takeFresh), so that a reused
+// connection costs one system call, not a peek and a snapshot.
+func (c *witnessConn) checkIdle(pendingOK bool) (stale, decided bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hasFresh = false
+	if c.w == nil || c.raw == nil || c.frozen || c.writing > 0 || !comparable(c.w) {
+		return false, false
+	}
+	s, err := c.w.Snapshot(c.raw)
+	if err != nil {
+		return errors.Is(err, net.ErrClosed), errors.Is(err, net.ErrClosed)
+	}
+	c.fresh, c.freshW, c.freshAt, c.hasFresh = s, c.w, c.written, true
+	switch {
+	case s.State == 0:
+		return false, false
+	case s.State != witness.StateEstablished:
+		return true, true
+	case pendingOK:
+		return false, true
+	case !s.HasBytesReceived:
+		return false, false
+	}
+	return s.BytesReceived != c.read, true
+}
+
+// takeFresh returns the fresh snapshot if w took it and nothing was
+// written on the connection since, and forgets it either way: a snapshot
+// taken earlier than the request's start is as good a "before" as one
+// taken at it, since the counters only grow (anything the kernel sent
+// between the two, a retransmission, can only void a proof, never make
+// one).
+func (c *witnessConn) takeFresh(w witness.Witness) (witness.Counters, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ok := c.hasFresh && c.freshAt == c.written && c.writing == 0 && !c.frozen &&
+		comparable(w) && c.freshW == w
+	c.hasFresh = false
+	return c.fresh, ok
+}
+
+// comparable reports whether w can be compared with ==; a witness of a
+// type that cannot never reuses a snapshot.
+func comparable(w witness.Witness) bool {
+	t := reflect.TypeOf(w)
+	return t != nil && t.Comparable()
 }
 
 // birthIfUnused returns the birth snapshot if nothing was written on the
@@ -134,6 +203,7 @@ func (c *witnessConn) Write(p []byte) (int, error) {
 
 func (c *witnessConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	c.read += uint64(max(n, 0))
 	if err != nil {
 		c.freeze()
 	}

@@ -176,6 +176,7 @@ func (w *Witness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
 		ctr.BytesAcked = max(ctr.BytesAcked, info.BytesAcked)
 		ctr.Retransmits = max(ctr.Retransmits, info.Retransmits)
 		ctr.State = info.State
+		ctr.BytesReceived, ctr.HasBytesReceived = info.BytesReceived, info.HasBytesReceived
 		// Bytes the socket holds but has not sent yet: they may still
 		// leave after this snapshot (witness.NoByteLeft refuses a proof).
 		ctr.NotSentBytes, ctr.HasNotSentBytes = info.NotSentBytes, info.HasNotSentBytes

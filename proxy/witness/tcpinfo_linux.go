@@ -66,6 +66,9 @@ func (TCPInfo) Snapshot(c syscall.RawConn) (Counters, error) {
 	if has(unsafe.Offsetof(info.Notsent_bytes), unsafe.Sizeof(info.Notsent_bytes)) {
 		out.NotSentBytes, out.HasNotSentBytes = uint64(info.Notsent_bytes), true
 	}
+	if has(unsafe.Offsetof(info.Bytes_received), unsafe.Sizeof(info.Bytes_received)) {
+		out.BytesReceived, out.HasBytesReceived = info.Bytes_received, true
+	}
 	if has(unsafe.Offsetof(info.Bytes_sent), unsafe.Sizeof(info.Bytes_sent)) {
 		out.BytesSent, out.HasBytesSent = info.Bytes_sent, true
 	}

@@ -48,11 +48,22 @@ type Counters struct {
 	// ResetReceived says the peer sent a RST; ResetAt is when, if known.
 	ResetReceived bool
 	ResetAt       time.Time
+	// BytesReceived counts payload bytes received in order
+	// (tcpi_bytes_received): beside what the program read, it tells
+	// whether bytes wait unread. Linux 4.1 and later; on an older kernel
+	// HasBytesReceived stays false.
+	BytesReceived    uint64
+	HasBytesReceived bool
 	// State is the TCP state (linux TCP_* numbering), 0 if unknown.
 	State uint8
 	// Source names the implementation that produced the counters.
 	Source string
 }
+
+// StateEstablished is Counters.State of an established connection (linux
+// TCP_ESTABLISHED); any other known state of a connection that carried
+// data means the peer closed or reset it.
+const StateEstablished = 1
 
 // Witness observes upstream sockets.
 type Witness interface {
