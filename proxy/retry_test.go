@@ -671,3 +671,70 @@ func TestShutdownClosesSilentNewConnection(t *testing.T) {
 		t.Errorf("the silent connection after Shutdown: %v, want EOF", err)
 	}
 }
+
+// gatedListener holds each accepted connection until gate is closed: the
+// moment between the kernel's accept and the Serve loop's registering it.
+type gatedListener struct {
+	net.Listener
+	gate chan struct{}
+	got  chan struct{}
+}
+
+func (l *gatedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.got <- struct{}{}
+		<-l.gate
+	}
+	return c, err
+}
+
+// A connection accepted just as Shutdown begins, not yet registered by the
+// Serve loop, is still served: Shutdown waits for the loop to end.
+func TestShutdownWaitsForAcceptInHand(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "served") })
+	s, err := New(Config{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl := &gatedListener{Listener: inner, gate: make(chan struct{}), got: make(chan struct{}, 1)}
+	go s.Serve(gl)
+	c, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-gl.got // accepted by the kernel and by Accept, not yet by the server
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	for !s.Draining() {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(30 * time.Millisecond)
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned (%v) while a Serve loop held an accepted connection", err)
+	default:
+	}
+	close(gl.gate)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url("/"))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the connection accepted as Shutdown began: %v", err)
+	}
+	if body := readAll(t, resp.Body); resp.StatusCode != 200 || body != "served" {
+		t.Fatalf("answer %d %q", resp.StatusCode, body)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}

@@ -328,8 +328,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 const firstRequestGrace = 5 * time.Second
 
 // closeIdleConns closes the connections waiting for a next request, and the
-// new ones too if closeNew, and returns how many connections are left
-// open. Once none is, the server takes no more (Shutdown has ended).
+// new ones too if closeNew, and returns how many connections are left open
+// and Serve loops left running (a loop that accepted a connection has yet
+// to register it). Once none is, the server takes no more (Shutdown has
+// ended).
 func (s *Server) closeIdleConns(closeNew bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -338,10 +340,11 @@ func (s *Server) closeIdleConns(closeNew bool) int {
 			c.c.Close()
 		}
 	}
-	if len(s.conns) == 0 {
+	left := len(s.conns) + len(s.listeners)
+	if left == 0 {
 		s.shut = true
 	}
-	return len(s.conns)
+	return left
 }
 
 // newConn registers nc. While the server closes it is still served (it
