@@ -52,6 +52,10 @@ const DefaultTracesPerPod = 1024
 type Attacher interface {
 	AttachPod(cgroupPath string, cfg bpfload.PodConfig) (uint64, error)
 	DetachPodID(id uint64) error
+	// DetachPodDrained detaches the pod but keeps what its proxy needs to
+	// serve the connections redirected before (their original
+	// destinations) until forget is called.
+	DetachPodDrained(id uint64) (forget func() error, err error)
 	Pods() ([]uint64, error)
 	AttachSelf(cgroupPath string) error
 	DetachSelf(cgroupPath string) error

@@ -56,6 +56,12 @@ func (f *Fake) DetachPodID(id uint64) error {
 	return nil
 }
 
+// DetachPodDrained implements Attacher; forget does nothing (the Fake
+// keeps no destinations).
+func (f *Fake) DetachPodDrained(id uint64) (forget func() error, err error) {
+	return func() error { return nil }, f.DetachPodID(id)
+}
+
 // Pods implements Attacher.
 func (f *Fake) Pods() ([]uint64, error) {
 	f.mu.Lock()

@@ -155,10 +155,15 @@ func (ps *podState) update(a *Agent, p pods.Pod) error {
 // which lets in-flight requests finish (up to the grace period) and
 // releases the rest; drain may run in the background.
 func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) {
+	forget := func() error { return nil }
 	switch {
 	case ps.cgid == 0:
 	case detach:
-		if derr := a.cfg.Attacher.DetachPodID(ps.cgid); derr != nil && !errors.Is(derr, os.ErrNotExist) {
+		f, derr := a.cfg.Attacher.DetachPodDrained(ps.cgid)
+		if f != nil {
+			forget = f
+		}
+		if derr != nil && !errors.Is(derr, os.ErrNotExist) {
 			err = fmt.Errorf("detach: %w", derr)
 		}
 	default:
@@ -188,6 +193,12 @@ func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) 
 			}
 			cancel()
 			ps.served.Wait()
+		}
+		// Every connection redirected before the detach was accepted
+		// and resolved (or cut at the grace's end): their original
+		// destinations can go.
+		if e := forget(); e != nil {
+			derr = errors.Join(derr, fmt.Errorf("forget destinations: %w", e))
 		}
 		if ps.ns != nil {
 			ps.ns.Close()

@@ -122,6 +122,40 @@ func (l *Loader) DetachPodID(id uint64) error {
 	return errors.Join(l.unpinCgroupLinks("pod", id), l.deletePodState(id))
 }
 
+// DetachPodDrained detaches the pod as DetachPodID does but leaves the
+// original-destination tuples of the connections it redirected until now:
+// the pod's proxy may have yet to accept some of them and ask where they
+// were going. Call forget once it has (its listeners are closed and its
+// Serve loops ended); forget deletes those tuples, and only those: a tuple
+// a later connection wrote under the same key (the pod was attached again
+// meanwhile) is left alone.
+//
+// Without the wait, a connection redirected a moment before the detach and
+// accepted a moment after it had lost its destination and was closed.
+func (l *Loader) DetachPodDrained(id uint64) (forget func() error, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	err = errors.Join(l.unpinCgroupLinks("pod", id), l.deletePodConfig(id))
+	keys, vals, terr := l.podTuples(id)
+	err = errors.Join(err, terr)
+	forget = func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		var errs []error
+		for i, k := range keys {
+			var v bpf.EgretOrigDst
+			if l.objs.EgretTuples.Lookup(&k, &v) != nil || v != vals[i] {
+				continue
+			}
+			if err := l.objs.EgretTuples.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	}
+	return forget, err
+}
+
 // Pods returns the cgroup ids of the pods with pinned attachments
 // (including those attached by an earlier agent).
 func (l *Loader) Pods() ([]uint64, error) {
@@ -394,23 +428,35 @@ func (l *Loader) deleteExclusions(id uint64) error {
 }
 
 func (l *Loader) deletePodState(id uint64) error {
+	errs := []error{l.deletePodConfig(id)}
+	keys, _, err := l.podTuples(id)
+	errs = append(errs, err)
+	for _, k := range keys {
+		_ = l.objs.EgretTuples.Delete(k)
+	}
+	return errors.Join(errs...)
+}
+
+// deletePodConfig deletes the pod's config and exclusions.
+func (l *Loader) deletePodConfig(id uint64) error {
 	var errs []error
 	if err := l.objs.EgretPods.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, err)
 	}
 	errs = append(errs, l.deleteExclusions(id))
+	return errors.Join(errs...)
+}
+
+// podTuples returns the original-destination tuples of the pod's
+// connections.
+func (l *Loader) podTuples(id uint64) (keys []bpf.EgretTupleKey, vals []bpf.EgretOrigDst, err error) {
 	var k bpf.EgretTupleKey
 	var v bpf.EgretOrigDst
-	var del []bpf.EgretTupleKey
 	it := l.objs.EgretTuples.Iterate()
 	for it.Next(&k, &v) {
 		if v.CgroupId == id {
-			del = append(del, k)
+			keys, vals = append(keys, k), append(vals, v)
 		}
 	}
-	errs = append(errs, it.Err())
-	for _, k := range del {
-		_ = l.objs.EgretTuples.Delete(k)
-	}
-	return errors.Join(errs...)
+	return keys, vals, it.Err()
 }

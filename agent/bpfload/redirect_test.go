@@ -251,3 +251,80 @@ func TestRedirectLoopbackOptIn(t *testing.T) {
 		t.Fatalf("dial to the listener: peer %s, OriginalDst err %v", res.Peer, err)
 	}
 }
+
+// A connection redirected before its pod's detach and accepted after it
+// still finds its original destination until forget; DetachPodID (the
+// immediate kind) takes it away at once.
+func TestDetachPodDrainedKeepsDestinations(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4}, "10.77.0.1/32")
+	egret := listen(t, e.self, p.ns, listen4.String())
+	direct := listen(t, e.self, p.ns, "10.77.0.1:8080")
+
+	// Redirected, waiting in egret's accept queue while the pod goes.
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	id, err := bpfload.CgroupID(p.cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forget, err := e.l.DetachPodDrained(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := expectAt(t, egret, direct)
+	if got := origDst(t, c); got.String() != "10.77.0.1:8080" {
+		t.Fatalf("original destination after the detach: %s", got)
+	}
+	// New connects go direct.
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	expectAt(t, direct, egret)
+	if err := forget(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bpfload.OriginalDst(rawConn(t, c)); !errors.Is(err, bpfload.ErrNoOriginalDst) {
+		t.Fatalf("after forget: %v", err)
+	}
+
+	// The immediate detach: a connection accepted after it is lost.
+	e.l.AttachPod(p.cg, bpfload.PodConfig{Listen4: listen4})
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	if err := e.l.DetachPodID(id); err != nil {
+		t.Fatal(err)
+	}
+	c = expectAt(t, egret, direct)
+	if _, err := bpfload.OriginalDst(rawConn(t, c)); !errors.Is(err, bpfload.ErrNoOriginalDst) {
+		t.Fatalf("after DetachPodID: %v", err)
+	}
+}
+
+// forget leaves a tuple a later connection wrote: the pod came back and
+// redirects again before the old proxy drained.
+func TestDetachPodDrainedForgetSparesNewTuples(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4}, "10.77.0.1/32")
+	egret := listen(t, e.self, p.ns, listen4.String())
+	id, err := bpfload.CgroupID(p.cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	old := expectAt(t, egret)
+	forget, err := e.l.DetachPodDrained(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.l.AttachPod(p.cg, bpfload.PodConfig{Listen4: listen4}); err != nil {
+		t.Fatal(err)
+	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8081"})
+	fresh := expectAt(t, egret)
+	if err := forget(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bpfload.OriginalDst(rawConn(t, old)); !errors.Is(err, bpfload.ErrNoOriginalDst) {
+		t.Fatalf("the old connection's destination after forget: %v", err)
+	}
+	if got := origDst(t, fresh); got.String() != "10.77.0.1:8081" {
+		t.Fatalf("the new connection's destination after the old forget: %s", got)
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/bpf"
+	"github.com/egret-proxy/egret/proxy"
 )
 
 // viaEgret reports whether a request from the pod was answered by egret.
@@ -154,7 +155,9 @@ func waitFor(t *testing.T, cond func() bool) {
 // sends its request only after the pod's proxy began draining, is served
 // by that proxy, not reset: it connected in time and cannot know.
 func TestPodRemovedServesConnectedClient(t *testing.T) {
-	n := newNode(t, nodeOpts{})
+	// The held client is silent for longer than the default sniff
+	// timeout on a loaded machine; it would then be passed through.
+	n := newNode(t, nodeOpts{proxy: proxy.Config{SniffTimeout: 10 * time.Second}})
 	p := n.addPod(t, "web", podOpts{})
 	led, up := startLedger(t, p.host4)
 	n.waitPod(t, "web", "running")
@@ -176,10 +179,7 @@ func TestPodRemovedServesConnectedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGone(t, n, "web")
-	time.Sleep(50 * time.Millisecond) // the proxy's drain is under way
-	if viaEgret(t, p, url(up, "/")) {
-		t.Fatal("a new connect still redirected after the pod went")
-	}
+	time.Sleep(20 * time.Millisecond) // the proxy's drain is under way
 	fmt.Fprintln(in, "go")
 	if err := lines.Decode(&answer); err != nil {
 		t.Fatal(err)
@@ -188,6 +188,9 @@ func TestPodRemovedServesConnectedClient(t *testing.T) {
 	held.Wait()
 	if answer.Err != "" || answer.Status != 200 || answer.Headers.Get("Egret-Request-Id") == "" {
 		t.Fatalf("request on the connection made before the pod went: %+v", answer)
+	}
+	if viaEgret(t, p, url(up, "/")) {
+		t.Fatal("a new connect still redirected after the pod went")
 	}
 	if got := led.Executions("held"); got != 1 {
 		t.Fatalf("ledger executed the held POST %d times", got)
