@@ -1,0 +1,179 @@
+package kube
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/proxy/policy"
+)
+
+// The pod annotations the source reads. Every key with AnnotationPrefix
+// must be one of these: an unknown one (a typo) is a bad annotation.
+const (
+	AnnotationPrefix = "egret.dev/"
+	// AnnotationEnabled "true" puts the pod behind egret ("false" or
+	// absent: not).
+	AnnotationEnabled = AnnotationPrefix + "enabled"
+	// AnnotationExcludePorts lists destination ports that always go
+	// direct: "5432,8443".
+	AnnotationExcludePorts = AnnotationPrefix + "exclude-ports"
+	// AnnotationExcludeCIDRs lists destinations that always go direct,
+	// prefixes or addresses: "10.0.0.0/8,192.0.2.7".
+	AnnotationExcludeCIDRs = AnnotationPrefix + "exclude-cidrs"
+	// AnnotationDefaultExcludedPorts "false" drops the agent's default
+	// excluded ports (the server-speaks-first protocols).
+	AnnotationDefaultExcludedPorts = AnnotationPrefix + "default-excluded-ports"
+	// AnnotationRedirectLoopback "true" also redirects connects to
+	// 127.0.0.0/8 and ::1.
+	AnnotationRedirectLoopback = AnnotationPrefix + "redirect-loopback"
+	// AnnotationListenPort is the port of the pod's egret listener on
+	// 127.0.0.1 and ::1 in its namespace (default: the agent's).
+	AnnotationListenPort = AnnotationPrefix + "listen-port"
+	// AnnotationPolicy is a policy override, YAML of the pods file's
+	// policy: schema, laid over the node's policy for this pod.
+	AnnotationPolicy = AnnotationPrefix + "policy"
+)
+
+var known = []string{
+	AnnotationEnabled, AnnotationExcludePorts, AnnotationExcludeCIDRs, AnnotationDefaultExcludedPorts,
+	AnnotationRedirectLoopback, AnnotationListenPort, AnnotationPolicy,
+}
+
+// AnnotationError is a pod annotation egret cannot use. The pod is left
+// out (its connects go direct) until the annotation is fixed. It matches
+// ErrAnnotation.
+type AnnotationError struct {
+	Pod        string // namespace/name
+	Annotation string
+	Value      string
+	Reason     string
+}
+
+func (e *AnnotationError) Error() string {
+	return fmt.Sprintf("pod %s: annotation %s=%q: %s", e.Pod, e.Annotation, e.Value, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrAnnotation) true.
+func (e *AnnotationError) Is(target error) bool { return target == ErrAnnotation }
+
+// OptedIn reports whether the pod asks to be put behind egret: its
+// AnnotationEnabled is there and is not "false" (any other value than
+// "true" is a bad annotation, reported by Parse).
+func OptedIn(pod *corev1.Pod) bool {
+	v, ok := pod.Annotations[AnnotationEnabled]
+	return ok && v != "false"
+}
+
+// Parse reads the egret annotations of a pod that opted in into a Pod
+// (Name set; Cgroup and Netns are the locator's). Every bad annotation is
+// an *AnnotationError; several are joined, in annotation order.
+func Parse(pod *corev1.Pod) (pods.Pod, error) {
+	name := PodName(pod)
+	p := pods.Pod{Name: name}
+	var errs []error
+	bad := func(key, reason string, args ...any) {
+		errs = append(errs, &AnnotationError{Pod: name, Annotation: key, Value: pod.Annotations[key], Reason: fmt.Sprintf(reason, args...)})
+	}
+	keys := make([]string, 0, len(pod.Annotations))
+	for k := range pod.Annotations {
+		if strings.HasPrefix(k, AnnotationPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := pod.Annotations[k]
+		switch k {
+		case AnnotationEnabled:
+			if v != "true" && v != "false" {
+				bad(k, `must be "true" or "false"`)
+			}
+		case AnnotationExcludePorts:
+			for _, f := range list(v) {
+				n, err := strconv.ParseUint(f, 10, 16)
+				if err != nil || n == 0 {
+					bad(k, "port %q is not a number in 1..65535", f)
+					continue
+				}
+				p.Exclude.Ports = append(p.Exclude.Ports, uint16(n))
+			}
+		case AnnotationExcludeCIDRs:
+			for _, f := range list(v) {
+				pfx, err := netip.ParsePrefix(f)
+				if err != nil {
+					a, aerr := netip.ParseAddr(f)
+					if aerr != nil {
+						bad(k, "%q is neither a CIDR nor an address", f)
+						continue
+					}
+					pfx = netip.PrefixFrom(a, a.BitLen())
+				}
+				p.Exclude.CIDRs = append(p.Exclude.CIDRs, pfx.Masked())
+			}
+		case AnnotationDefaultExcludedPorts:
+			b, ok := boolean(v)
+			if !ok {
+				bad(k, `must be "true" or "false"`)
+			}
+			p.Exclude.NoDefaultPorts = ok && !b
+		case AnnotationRedirectLoopback:
+			b, ok := boolean(v)
+			if !ok {
+				bad(k, `must be "true" or "false"`)
+			}
+			p.RedirectLoopback = b
+		case AnnotationListenPort:
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 16)
+			if err != nil || n == 0 {
+				bad(k, "not a port number in 1..65535")
+				continue
+			}
+			p.ListenPort = uint16(n)
+		case AnnotationPolicy:
+			// Validated as the pods file's policy: is.
+			if _, err := policy.Overlay(policy.Default(), "pod "+name+" policy", []byte(v)); err != nil {
+				bad(k, "%v", err)
+				continue
+			}
+			p.Policy = []byte(v)
+		default:
+			bad(k, "unknown egret annotation (known: %s)", strings.Join(known, ", "))
+		}
+	}
+	if len(errs) > 0 {
+		return pods.Pod{}, errors.Join(errs...)
+	}
+	return p, nil
+}
+
+// PodName is the name the source gives a pod: namespace/name.
+func PodName(pod *corev1.Pod) string { return pod.Namespace + "/" + pod.Name }
+
+// list splits a comma-separated annotation, trimming spaces; empty items
+// are skipped (a trailing comma is harmless).
+func list(v string) []string {
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func boolean(v string) (value, ok bool) {
+	switch strings.TrimSpace(v) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
