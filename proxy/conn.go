@@ -230,6 +230,11 @@ func (c *conn) serve() {
 		if err != nil {
 			return
 		}
+		if proto == ProtoSilent {
+			if proto = c.silent(); proto == "" {
+				return // passed through, or gone
+			}
+		}
 		if proto != ProtoHTTP1 {
 			c.passthrough(proto, c.dstAddr, nil)
 			return
@@ -383,6 +388,90 @@ func (c *conn) passthrough(proto Protocol, addr string, prefix []byte) {
 	aToB, bToA := pipe(&bufferedConn{Conn: c.c, r: c.br}, up, prefix)
 	c.s.cfg.Logger.Debug("passthrough", "protocol", string(proto), "dst", addr,
 		"sent", aToB, "received", bToA)
+}
+
+// aLongTimeAgo is a deadline in the past: it ends a blocked read at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// silent serves a transparent connection whose client said nothing within
+// the sniff timeout: either a protocol in which the server speaks first
+// (SMTP, MySQL, SSH on ports not excluded) or a client that connects ahead
+// of its first request (a pool warming up). It dials the destination and
+// waits for whichever side speaks first, up to the idle timeout:
+//   - the destination: passed through (server_first), its bytes first;
+//   - the client: its bytes are sniffed as usual. An HTTP/1.x request while
+//     the destination has said nothing is served as HTTP (the connection
+//     just dialed is closed unused: no byte of anyone's went on it) and
+//     silent returns ProtoHTTP1; any other protocol is passed through under
+//     its own name.
+//
+// It returns "" once the connection was passed through or ended.
+func (c *conn) silent() Protocol {
+	cfg := &c.s.cfg
+	ctx, cancel := context.WithTimeout(c.s.ctx, cfg.DialTimeout)
+	up, err := cfg.Dial(ctx, "tcp", c.dstAddr)
+	cancel()
+	if err != nil {
+		cfg.Metrics.passedThrough(ProtoSilent)
+		cfg.Logger.Info("passthrough", "protocol", string(ProtoSilent), "dst", c.dstAddr, "err", err)
+		c.abort()
+		return ""
+	}
+	type heard struct {
+		proto Protocol
+		b     []byte
+		err   error
+	}
+	fromClient, fromUp := make(chan heard, 1), make(chan heard, 1)
+	c.c.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
+	go func() {
+		p, err := sniffBuffered(c.br)
+		fromClient <- heard{proto: p, err: err}
+	}()
+	go func() {
+		b := make([]byte, 4096)
+		n, err := up.Read(b)
+		fromUp <- heard{b: b[:n], err: err}
+	}()
+	// The side that did not speak is interrupted, and its read waited for:
+	// whatever it got meanwhile is kept.
+	var cl, ul heard
+	select {
+	case cl = <-fromClient:
+		up.SetReadDeadline(aLongTimeAgo)
+		ul = <-fromUp
+		up.SetReadDeadline(time.Time{})
+	case ul = <-fromUp:
+		c.c.SetReadDeadline(aLongTimeAgo)
+		cl = <-fromClient
+	}
+	c.c.SetReadDeadline(time.Time{})
+	if cl.err == nil && cl.proto == ProtoHTTP1 && len(ul.b) == 0 {
+		up.Close()
+		cfg.Metrics.lateHTTP()
+		return ProtoHTTP1
+	}
+	if cl.err != nil && !errors.Is(cl.err, os.ErrDeadlineExceeded) && c.br.Buffered() == 0 {
+		// The client left (or Shutdown closed it) before a word.
+		up.Close()
+		return ""
+	}
+	proto := ProtoSilent
+	if cl.err == nil && len(ul.b) == 0 {
+		proto = cl.proto // the client spoke first, not HTTP/1.x
+	}
+	cfg.Metrics.passedThrough(proto)
+	c.s.setState(c, stateTunnel)
+	if len(ul.b) > 0 {
+		if _, err := c.c.Write(ul.b); err != nil {
+			up.Close()
+			return ""
+		}
+	}
+	aToB, bToA := pipe(&bufferedConn{Conn: c.c, r: c.br}, up, nil)
+	cfg.Logger.Debug("passthrough", "protocol", string(proto), "dst", c.dstAddr,
+		"sent", aToB, "received", bToA+int64(len(ul.b)))
+	return ""
 }
 
 // tunnel serves an explicit-mode CONNECT: it dials the target, says 200

@@ -19,6 +19,7 @@ import (
 type Metrics struct {
 	requests    *prometheus.CounterVec
 	passthrough *prometheus.CounterVec
+	lateHTTPs   prometheus.Counter
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
 	conns       prometheus.Gauge
@@ -50,6 +51,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "egret_proxy_passthrough_connections_total",
 			Help: "Transparent connections passed through byte for byte, by detected protocol.",
 		}, []string{"protocol"}),
+		lateHTTPs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egret_proxy_late_http_connections_total",
+			Help: "Transparent connections silent past the sniff timeout whose client then sent HTTP/1.x before the destination spoke: served as HTTP, not passed through.",
+		}),
 		tunnels: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "egret_proxy_connect_tunnels_total",
 			Help: "CONNECT tunnels opened in explicit mode.",
@@ -63,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Client connections open now.",
 		}),
 	}
-	if err := promreg.Register(reg, m.requests, m.passthrough, m.tunnels, m.rejections, m.conns); err != nil {
+	if err := promreg.Register(reg, m.requests, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -91,6 +96,12 @@ func (m *Metrics) request(outcome string) {
 func (m *Metrics) passedThrough(p Protocol) {
 	if m != nil {
 		m.passthrough.WithLabelValues(string(p)).Inc()
+	}
+}
+
+func (m *Metrics) lateHTTP() {
+	if m != nil {
+		m.lateHTTPs.Inc()
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -424,4 +425,120 @@ func TestUpstreamCannotForgeEgretHeaders(t *testing.T) {
 		t.Errorf("relayed 200 carries the upstream's %s %q", HeaderOutcome, v)
 	}
 	checkEgretHeaders(t, resp, "1")
+}
+
+// A client that connects and stays silent past the sniff timeout, then
+// sends an HTTP/1.x request before the destination said anything (a pool
+// that connects ahead), is served as HTTP, retries and all; the connection
+// dialed in case the destination spoke first is closed unused.
+func TestTransparentLateHTTPIsServed(t *testing.T) {
+	var n atomic.Int64
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "late but served")
+	})
+	m := testMetrics(t)
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: up.addrPort(t)},
+		Metrics: m, SniffTimeout: 50 * time.Millisecond, Policy: mustPolicy(t, fastRetries)})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Past the sniff timeout, and until the dial for the silent case is done.
+	for deadline := time.Now().Add(5 * time.Second); up.conns.Load() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the destination was never dialed for the silent connection")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET /late HTTP/1.1\r\nHost: %s\r\n\r\n", up.addr)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, resp.Body)
+	if resp.StatusCode != 200 || body != "late but served" || resp.Header.Get(HeaderRequestID) == "" {
+		t.Fatalf("answer %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	checkEgretHeaders(t, resp, "2")
+	if got := up.requests.Load(); got != 2 {
+		t.Errorf("upstream executed %d requests, want 2", got)
+	}
+	if v := counterValue(t, m.lateHTTPs); v != 1 {
+		t.Errorf("late HTTP connections %v, want 1", v)
+	}
+	if v := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); v != 0 {
+		t.Errorf("passthrough{server_first} = %v, want 0", v)
+	}
+}
+
+// A silent client that then speaks another protocol first is passed
+// through under that protocol's name, its bytes unchanged.
+func TestTransparentSilentThenTLSPassedThrough(t *testing.T) {
+	ln, got := echoServer(t, "")
+	m := testMetrics(t)
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
+		Metrics: m, SniffTimeout: 50 * time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(200 * time.Millisecond)
+	hello := captureClientHello(t)
+	c.Write(hello)
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, hello) {
+			t.Fatalf("destination got %d bytes, want the %d-byte ClientHello", len(b), len(hello))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing reached the destination")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	back := make([]byte, 5)
+	if _, err := io.ReadFull(c, back); err != nil || string(back) != "echo:" {
+		t.Fatalf("reply %q, %v", back, err)
+	}
+	if v := counterValue(t, m.passthrough.WithLabelValues("tls")); v != 1 {
+		t.Errorf("passthrough{tls} = %v, want 1", v)
+	}
+	if v := counterValue(t, m.lateHTTPs); v != 0 {
+		t.Errorf("late HTTP connections %v, want 0", v)
+	}
+}
+
+// A destination that speaks first after the sniff timeout, with a client
+// that already wants to talk HTTP-looking text, is still a passthrough:
+// the destination spoke first.
+func TestTransparentServerFirstWinsOverLaterClient(t *testing.T) {
+	ln, got := echoServer(t, "220 ready\r\n")
+	m := testMetrics(t)
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
+		Metrics: m, SniffTimeout: 50 * time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	if line, err := br.ReadString('\n'); err != nil || line != "220 ready\r\n" {
+		t.Fatalf("greeting %q, %v", line, err)
+	}
+	io.WriteString(c, "HELP ME\r\n") // looks like a method and a space
+	if b := <-got; string(b) != "HELP ME\r\n" {
+		t.Fatalf("server got %q", b)
+	}
+	if v := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); v != 1 {
+		t.Errorf("passthrough{server_first} = %v, want 1", v)
+	}
+	if v := counterValue(t, m.lateHTTPs); v != 0 {
+		t.Errorf("late HTTP connections %v, want 0", v)
+	}
 }

@@ -20,7 +20,7 @@ const (
 	ProtoHTTP2    Protocol = "http2"
 	ProtoPostgres Protocol = "postgres"
 	ProtoRedis    Protocol = "redis"
-	ProtoSilent   Protocol = "server_first" // the client sent nothing in time
+	ProtoSilent   Protocol = "server_first" // the destination spoke first, or nobody did
 	ProtoUnknown  Protocol = "unknown"
 	ProtoUpgrade  Protocol = "upgrade" // an HTTP/1.1 Upgrade (e.g. WebSocket)
 )
@@ -39,6 +39,19 @@ func sniff(c net.Conn, br *bufio.Reader, timeout time.Duration) (Protocol, error
 		return ProtoUnknown, err
 	}
 	defer c.SetReadDeadline(time.Time{})
+	p, err := sniffBuffered(br)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if br.Buffered() == 0 {
+			return ProtoSilent, nil
+		}
+		return ProtoUnknown, nil
+	}
+	return p, err
+}
+
+// sniffBuffered peeks at br until classify decides or a read fails; the
+// bytes stay in br. On a failure it returns the error, whatever came.
+func sniffBuffered(br *bufio.Reader) (Protocol, error) {
 	for want := 1; ; want = br.Buffered() + 1 {
 		_, err := br.Peek(want)
 		b, _ := br.Peek(br.Buffered())
@@ -46,12 +59,6 @@ func sniff(c net.Conn, br *bufio.Reader, timeout time.Duration) (Protocol, error
 			return p, nil
 		}
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				if len(b) == 0 {
-					return ProtoSilent, nil
-				}
-				return ProtoUnknown, nil
-			}
 			return ProtoUnknown, err
 		}
 	}
