@@ -219,13 +219,31 @@ func (c *Cluster) startAPIServer(bin string, o Options) error {
 		return err
 	}
 
+	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
+	return c.writeKubeconfig(c.Kubeconfig, "", nil)
+}
+
+// writeKubeconfig writes a kubeconfig for the admin, impersonating user
+// (and groups) if user is not empty.
+func (c *Cluster) writeKubeconfig(path, user string, groups []string) error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["egret-test"] = &clientcmdapi.Cluster{Server: c.URL, CertificateAuthorityData: pk.caPEM}
-	kc.AuthInfos[AdminUser] = &clientcmdapi.AuthInfo{Token: token}
+	kc.Clusters["egret-test"] = &clientcmdapi.Cluster{Server: c.URL, CertificateAuthorityData: c.Config.CAData}
+	kc.AuthInfos[AdminUser] = &clientcmdapi.AuthInfo{Token: c.Config.BearerToken, Impersonate: user, ImpersonateGroups: groups}
 	kc.Contexts["egret-test"] = &clientcmdapi.Context{Cluster: "egret-test", AuthInfo: AdminUser, Namespace: "default"}
 	kc.CurrentContext = "egret-test"
-	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
-	return clientcmd.WriteToFile(*kc, c.Kubeconfig)
+	return clientcmd.WriteToFile(*kc, path)
+}
+
+// KubeconfigAs writes a kubeconfig file for ConfigAs(user, groups...) and
+// returns its path: a command under test then runs as that user (held to
+// its roles with Options.RBAC).
+func (c *Cluster) KubeconfigAs(t testing.TB, user string, groups ...string) string {
+	t.Helper()
+	path := filepath.Join(c.Dir, "kubeconfig-"+randHex(4))
+	if err := c.writeKubeconfig(path, user, groups); err != nil {
+		t.Fatalf("kubeapi: %v", err)
+	}
+	return path
 }
 
 // ConfigAs returns a copy of Config that impersonates user in groups (the

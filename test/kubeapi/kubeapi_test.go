@@ -146,4 +146,19 @@ func TestRBACHoldsImpersonatedUsersToTheirRoles(t *testing.T) {
 	if _, err := as.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("list secrets with a pod role: %v, want Forbidden", err)
 	}
+	// A kubeconfig file for the same user is held to the same role.
+	kc, err := clientcmd.BuildConfigFromFlags("", c.KubeconfigAs(t, user, "system:serviceaccounts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaFile, err := kubernetes.NewForConfig(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := viaFile.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("list pods through KubeconfigAs: %v", err)
+	}
+	if _, err := viaFile.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("list secrets through KubeconfigAs: %v, want Forbidden", err)
+	}
 }
