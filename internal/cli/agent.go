@@ -27,20 +27,23 @@ import (
 func agentCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "agent",
-		Usage: "run the node agent: put the pods of a pods file behind egret with eBPF",
-		Description: "For each pod of --pods (a cgroup v2 and a network namespace) the agent opens\n" +
+		Usage: "run the node agent: put the pods of a pods file, or this node's annotated Kubernetes pods, behind egret with eBPF",
+		Description: "For each pod (a cgroup v2 and a network namespace) the agent opens\n" +
 			"egret's listener inside the pod's namespace, runs a transparent proxy on it that\n" +
 			"dials upstreams from the same namespace, and attaches egret's eBPF programs to the\n" +
-			"pod's cgroup so that its outbound TCP connects go to that listener. The pods file\n" +
-			"is reloaded on change. Needs root and a kernel with cgroup v2, BTF and the eBPF\n" +
-			"program types named in errors.\n\n" +
+			"pod's cgroup so that its outbound TCP connects go to that listener. The pods come\n" +
+			"from --pods (a YAML file, reloaded on change) or --kubernetes (the pods of this\n" +
+			"node annotated egret.dev/enabled: \"true\", watched; see agent/pods/kube). Needs root\n" +
+			"and a kernel with cgroup v2, BTF and the eBPF program types named in errors;\n" +
+			"--kubernetes also needs the host's PID namespace (hostPID) to find the pods'\n" +
+			"network namespaces.\n\n" +
 			"SIGTERM or SIGINT: the kernel stops redirecting the pods (their connects go direct),\n" +
 			"the listeners close, in-flight requests finish within --grace, and the pinned eBPF\n" +
 			"state stays for the next agent to adopt (--cleanup removes it instead). If the agent\n" +
 			"dies, its listeners die with it and pods fail open the same way.\n\n" +
 			"Subcommands ask a running agent over its admin socket.",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "pods", Usage: "pods `FILE` (YAML; see agent/pods/README.md); required"},
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "pods", Usage: "pods `FILE` (YAML; see agent/pods/README.md); or --kubernetes"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` for every pod (watched; default: the embedded defaults)"},
 			&cli.StringFlag{Name: "pin-dir", Value: bpfload.DefaultPinDir, Usage: "bpffs `DIR` for egret's maps and links"},
 			&cli.UintFlag{Name: "listen-port", Value: agent.DefaultListenPort, Usage: "`PORT` of each pod's listeners on 127.0.0.1 and ::1 in its namespace"},
@@ -51,7 +54,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
-		},
+		}, agentKubeFlags()...),
 		Action:      runAgent,
 		Subcommands: adminCommands(),
 	}
@@ -76,8 +79,8 @@ func runAgent(c *cli.Context) error {
 	if err := checkPprof(c); err != nil {
 		return err
 	}
-	if c.String("pods") == "" {
-		return cli.Exit("agent needs --pods FILE", 2)
+	if err := checkPodSource(c); err != nil {
+		return err
 	}
 	// Batched as `egret proxy`'s: no write(2) per request line.
 	lw := newLogWriter(c.App.ErrWriter)
@@ -93,9 +96,27 @@ func runAgent(c *cli.Context) error {
 	if port == 0 || port > 65535 {
 		return cli.Exit("--listen-port must be 1..65535", 2)
 	}
-	src, err := pods.NewFile(c.String("pods"))
-	if err != nil {
-		return cli.Exit(err.Error(), 2)
+	// The pod source: a pods file, or the Kubernetes API. What it reports
+	// goes to the agent (made below, before the source runs).
+	var a *agent.Agent
+	var (
+		src  pods.Source
+		file *pods.File
+		desc []any
+	)
+	if c.Bool("kubernetes") {
+		ks, d, stopRec, err := kubeSource(c, log, func(err error) { a.SourceError(err) })
+		if err != nil {
+			return err
+		}
+		defer stopRec()
+		src, desc = ks, d
+	} else {
+		file, err = pods.NewFile(c.String("pods"))
+		if err != nil {
+			return cli.Exit(err.Error(), 2)
+		}
+		src, desc = file, []any{"pods_file", file.Path(), "pods", len(file.Pods())}
 	}
 	if err := bpfload.Probe(); err != nil {
 		return kernelError(err)
@@ -137,7 +158,7 @@ func runAgent(c *cli.Context) error {
 	}
 	adopted, _ := l.Pods()
 
-	a, err := agent.New(agent.Config{
+	a, err = agent.New(agent.Config{
 		Attacher:      l,
 		Source:        src,
 		SelfCgroup:    self,
@@ -154,8 +175,10 @@ func runAgent(c *cli.Context) error {
 		l.Close()
 		return cli.Exit(err.Error(), 1)
 	}
-	src.OnError = a.SourceError
-	src.OnReload = func(n int) { log.Info("pods file reloaded", "pods", n) }
+	if file != nil {
+		file.OnError = a.SourceError
+		file.OnReload = func(n int) { log.Info("pods file reloaded", "pods", n) }
+	}
 
 	if sock := c.String("admin"); sock != "" {
 		go func() {
@@ -172,8 +195,8 @@ func runAgent(c *cli.Context) error {
 		}
 		defer ms.Close()
 	}
-	log.Info("egret agent running", "pods_file", src.Path(), "pods", len(src.Pods()), "pin_dir", l.PinDir(),
-		"cgroup", self, "listen_port", port, "adopted_pods", len(adopted), "admin", c.String("admin"))
+	log.Info("egret agent running", append(desc, "pin_dir", l.PinDir(),
+		"cgroup", self, "listen_port", port, "adopted_pods", len(adopted), "admin", c.String("admin"))...)
 
 	runErr := a.Run(ctx)
 	if c.Bool("cleanup") {

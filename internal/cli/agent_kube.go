@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/pods/kube"
+)
+
+// The agent's Kubernetes mode: its pod source is the node's pods that
+// opted in by annotation (agent/pods/kube).
+func agentKubeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.BoolFlag{Name: "kubernetes", Usage: "take the pods from the Kubernetes API: this node's pods annotated egret.dev/enabled: \"true\" (in-cluster config unless --kubeconfig)"},
+		&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig `FILE` for --kubernetes instead of the in-cluster config"},
+		&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's `NAME` for --kubernetes (the DaemonSet sets NODE_NAME from spec.nodeName)"},
+		&cli.StringFlag{Name: "cgroup-driver", Value: string(kube.DriverAuto), Usage: "the kubelet's cgroup `DRIVER` for --kubernetes: auto, cgroupfs or systemd"},
+		&cli.StringFlag{Name: "cgroup-root", Value: bpfload.CgroupRoot, Usage: "`DIR` where cgroup v2 is mounted, under which --kubernetes looks for the pods' cgroups"},
+		&cli.StringFlag{Name: "kubelet-cgroup-root", Usage: "the kubelet's --cgroup-root `PATH`, if it has one, for --kubernetes"},
+	}
+}
+
+// checkPodSource refuses anything but exactly one pod source, and
+// Kubernetes flags without --kubernetes. Checked before anything needs
+// root, so the message is the same for everyone.
+func checkPodSource(c *cli.Context) error {
+	switch {
+	case c.String("pods") != "" && c.Bool("kubernetes"):
+		return cli.Exit("agent takes one pod source: --pods FILE or --kubernetes, not both", 2)
+	case c.String("pods") == "" && !c.Bool("kubernetes"):
+		return cli.Exit("agent needs a pod source: --pods FILE (a pods file) or --kubernetes (this node's annotated pods)", 2)
+	}
+	if !c.Bool("kubernetes") {
+		for _, f := range []string{"kubeconfig", "cgroup-driver", "kubelet-cgroup-root", "cgroup-root"} {
+			if c.IsSet(f) {
+				return cli.Exit(fmt.Sprintf("--%s is for --kubernetes", f), 2)
+			}
+		}
+		return nil
+	}
+	if c.String("node-name") == "" {
+		return cli.Exit("--kubernetes needs this node's name: --node-name NAME or NODE_NAME (the DaemonSet sets it from the downward API, spec.nodeName)", 2)
+	}
+	if _, err := kube.ParseDriver(c.String("cgroup-driver")); err != nil {
+		return cli.Exit("--cgroup-driver must be auto, cgroupfs or systemd", 2)
+	}
+	return nil
+}
+
+// kubeSource is the agent's Kubernetes pod source. onError receives what
+// the source reports (set once the agent exists); stop ends the Event
+// recorder.
+func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kube.Source, desc []any, stop func(), err error) {
+	// client-go logs through klog: into the agent's log instead.
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	cfg, where, err := restConfig(c.String("kubeconfig"))
+	if err != nil {
+		return nil, nil, nil, cli.Exit(err.Error(), 2)
+	}
+	cfg.UserAgent = "egret-agent"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 2)
+	}
+	node := c.String("node-name")
+	rec, stopRec := kube.NewRecorder(client, node)
+	src, err = kube.New(kube.Config{
+		Client:            client,
+		NodeName:          node,
+		CgroupRoot:        c.String("cgroup-root"),
+		KubeletCgroupRoot: c.String("kubelet-cgroup-root"),
+		Driver:            kube.Driver(c.String("cgroup-driver")),
+		OnError:           onError,
+		Recorder:          rec,
+		Logger:            log,
+	})
+	if err != nil {
+		stopRec()
+		return nil, nil, nil, cli.Exit(err.Error(), 2)
+	}
+	// Say at once whether the API server answers; the source keeps trying
+	// either way (its pods fail open meanwhile).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	version := "unreachable"
+	if body, err := client.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx); err == nil {
+		var v struct{ GitVersion string }
+		_ = json.Unmarshal(body, &v)
+		version = v.GitVersion
+	} else {
+		log.Warn("kubernetes API server not answering yet; the agent keeps trying", "server", cfg.Host, "err", err)
+	}
+	desc = []any{"pods_from", "kubernetes", "node", node, "server", cfg.Host, "config", where, "server_version", version,
+		"cgroup_driver", c.String("cgroup-driver")}
+	return src, desc, stopRec, nil
+}
+
+// restConfig is the in-cluster config, or kubeconfig's if named.
+func restConfig(kubeconfig string) (*rest.Config, string, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, "", fmt.Errorf("--kubeconfig %s: %v", kubeconfig, err)
+		}
+		return cfg, kubeconfig, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if errors.Is(err, rest.ErrNotInCluster) {
+		return nil, "", errors.New("--kubernetes: not running in a pod (KUBERNETES_SERVICE_HOST and _PORT unset); give --kubeconfig FILE")
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("--kubernetes: in-cluster config: %v", err)
+	}
+	return cfg, "in-cluster", nil
+}
