@@ -105,6 +105,7 @@ type Config struct {
 	PendingReport time.Duration
 	// OnError, if set, is told about bad annotations (once per pod and
 	// problem), pods not found for PendingReport, and list/watch failures.
+	// It may be called from more than one goroutine.
 	OnError func(error)
 	// Recorder, if set, gets a Warning Event on the pod for each problem
 	// OnError is told about (NewRecorder makes one).
@@ -201,6 +202,16 @@ func (s *Source) Run(ctx context.Context, events chan<- pods.Event) error {
 		AddFunc:    func(any) { poke() },
 		UpdateFunc: func(any, any) { poke() },
 		DeleteFunc: func(any) { poke() },
+	}); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	// The source reads metadata, spec and status; a pod's managed fields
+	// are often its largest part, so the cache does without them.
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if m, ok := obj.(metav1.Object); ok {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
 	}); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}

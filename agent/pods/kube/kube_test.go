@@ -512,6 +512,15 @@ func testBadAnnotations(t *testing.T, c *kubeapi.Cluster) {
 	if ev.Pod.ListenPort != 15009 || string(ev.Pod.Policy) != "defaults:\n  max_attempts: 2\n" {
 		t.Fatalf("bad, fixed: %+v", ev.Pod)
 	}
+
+	// A pod behind egret whose annotation turns bad is Removed, and that
+	// is reported too.
+	e.annotate(t, "bad", kube.AnnotationRedirectLoopback, ptr("yes"))
+	w.expect(pods.Removed, e.ns+"/bad")
+	errs = e.errors()
+	if len(errs) != 4 || !strings.Contains(errs[3].Error(), `annotation egret.dev/redirect-loopback="yes"`) {
+		t.Fatalf("after the annotation turned bad: %v", errs)
+	}
 }
 
 // waitEvent polls the API for an Event on the pod with the reason (the
