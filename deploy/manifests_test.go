@@ -894,3 +894,40 @@ func fmtPtr[T any](p *T) string {
 	}
 	return fmt.Sprint(*p)
 }
+
+// The demo's manifests decode as strictly; its client is opted in and its
+// upstream is the image the Containerfile's ledger stage builds.
+func TestDemoManifests(t *testing.T) {
+	data, err := os.ReadFile("demo/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := splitDocs(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	optedIn := 0
+	for i, d := range docs {
+		obj, err := strictDecode(d)
+		if err != nil {
+			t.Fatalf("demo.yaml, document %d: %v", i+1, err)
+		}
+		if p, ok := obj.(*corev1.Pod); ok && p.Annotations["egret.dev/enabled"] == "true" {
+			optedIn++
+		}
+	}
+	if optedIn != 1 {
+		t.Errorf("%d opted-in pods in the demo, want 1", optedIn)
+	}
+	stages, err := parseContainerfile("Containerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger := false
+	for _, s := range stages {
+		ledger = ledger || s.entrypoint == `["/ledger"]`
+	}
+	if !ledger {
+		t.Error("the Containerfile has no ledger stage for the demo")
+	}
+}
