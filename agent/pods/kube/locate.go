@@ -197,7 +197,9 @@ func sandboxProcess(procRoot, cgroup string) (int, error) {
 		return 0, err
 	}
 	if len(pids) == 0 {
-		return 0, errors.New("no process in " + cgroup + " or below it yet")
+		// Also what an agent without the host's PID namespace sees: the
+		// pods' processes are not in its /proc.
+		return 0, errors.New("no process in " + cgroup + " or below it yet (or none visible: the agent needs hostPID)")
 	}
 	best, bestStart := 0, uint64(0)
 	for _, pid := range pids {
