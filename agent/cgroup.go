@@ -17,7 +17,7 @@ var ErrCgroup = errors.New("agent: cgroup")
 // DefaultSelfCgroup is where a node agent started in the root cgroup moves
 // itself: egret's own programs must not be attached to the root, which
 // would make them run for every socket of the node.
-const DefaultSelfCgroup = bpfload.CgroupRoot + "/egret-agent"
+var DefaultSelfCgroup = bpfload.CgroupRoot + "/egret-agent"
 
 // CurrentCgroup returns the cgroup v2 directory of the calling process.
 func CurrentCgroup() (string, error) {

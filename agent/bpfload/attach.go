@@ -170,6 +170,12 @@ func (l *Loader) Pods() ([]uint64, error) {
 // its descendants (getsockopt for every getsockopt call, passing through
 // all but SO_ORIGINAL_DST), so give egret a cgroup of its own (EnterCgroup)
 // rather than attach to a shared or the root cgroup.
+//
+// The links an earlier agent of this pin directory pinned for another
+// cgroup of its own are removed: one agent runs per pin directory, so that
+// cgroup was a dead agent's (a container restarted gets a new cgroup), and
+// its links would otherwise stay, holding the dead cgroup, one set per
+// restart.
 func (l *Loader) AttachSelf(cgroupPath string) error {
 	id, err := CgroupID(cgroupPath)
 	if err != nil {
@@ -180,6 +186,19 @@ func (l *Loader) AttachSelf(cgroupPath string) error {
 	if err := l.attachCgroup("self", cgroupPath, id); err != nil {
 		l.unpinCgroupLinks("self", id)
 		return err
+	}
+	ids, err := pinnedIDs(filepath.Join(l.pinDir, "links", "self"))
+	if err != nil {
+		return fmt.Errorf("bpfload: earlier agents' links: %w", err)
+	}
+	var errs []error
+	for _, old := range ids {
+		if old != id {
+			errs = append(errs, l.unpinCgroupLinks("self", old))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bpfload: removing an earlier agent's links: %w", err)
 	}
 	return nil
 }

@@ -40,6 +40,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/bpf"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
 const (
@@ -52,9 +53,12 @@ const (
 	DefaultMark uint32 = 0xe6
 	// BPFFSRoot is where bpffs is mounted if it is not already.
 	BPFFSRoot = "/sys/fs/bpf"
-	// CgroupRoot is the cgroup v2 mount on this kind of machine.
-	CgroupRoot = "/sys/fs/cgroup/unified"
 )
+
+// CgroupRoot is where this process sees the cgroup v2 hierarchy:
+// /sys/fs/cgroup on a unified node, /sys/fs/cgroup/unified on a hybrid one
+// (see internal/cgroup2).
+var CgroupRoot = cgroup2.Root()
 
 // Options configure Load.
 type Options struct {

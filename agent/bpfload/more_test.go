@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -301,5 +302,63 @@ func loadMountsBPFFSChild(t *testing.T) {
 	}
 	if err := l.Remove(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An agent restarted in a new cgroup (a new container) removes the links
+// the dead agent pinned for its old cgroup of its own; they would
+// otherwise pile up, one set per restart, each holding a dead cgroup.
+func TestAttachSelfRemovesEarlierAgentsLinks(t *testing.T) {
+	testenv.RequireRoot(t)
+	cg := bpftest.NewCgroups(t)
+	oldSelf, newSelf := cg.Sub(t, "egret-old"), cg.Sub(t, "egret-new")
+	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	l1, err := bpfload.Load(bpfload.Options{PinDir: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.AttachSelf(oldSelf); err != nil {
+		t.Fatal(err)
+	}
+	l1.Close() // the first agent dies; its pins stay
+	l2, err := bpfload.Load(bpfload.Options{PinDir: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uint32
+	for _, id := range l2.ProgramIDs() {
+		ids = append(ids, uint32(id))
+	}
+	defer func() {
+		if err := l2.Remove(); err != nil {
+			t.Error(err)
+		}
+		l2.Close()
+		if err := bpftest.NothingLeft(pin, nil, []string{oldSelf, newSelf}, ids); err != nil {
+			t.Error(err)
+		}
+	}()
+	if got, err := bpftest.AttachedPrograms(oldSelf); err != nil || len(got) == 0 {
+		t.Fatalf("the earlier agent's cgroup before the restart: %v %v", got, err)
+	}
+	if err := l2.AttachSelf(newSelf); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bpftest.AttachedPrograms(oldSelf); err != nil || len(got) != 0 {
+		t.Fatalf("still attached to the earlier agent's cgroup: %v %v", got, err)
+	}
+	if got, err := bpftest.AttachedPrograms(newSelf); err != nil || len(got) == 0 {
+		t.Fatalf("attached to the new one: %v %v", got, err)
+	}
+	oldID, _ := bpfload.CgroupID(oldSelf)
+	if _, err := os.Stat(filepath.Join(pin, "links", "self", strconv.FormatUint(oldID, 10))); !os.IsNotExist(err) {
+		t.Fatalf("the earlier agent's link pins: %v", err)
+	}
+	// Attaching the same cgroup again keeps it.
+	if err := l2.AttachSelf(newSelf); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := bpftest.AttachedPrograms(newSelf); len(got) == 0 {
+		t.Fatal("a second AttachSelf of the same cgroup detached it")
 	}
 }

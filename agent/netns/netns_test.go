@@ -173,11 +173,10 @@ func TestDialErrorsInside(t *testing.T) {
 		t.Fatalf("blackhole: %v after %v", err, time.Since(start))
 	}
 	// A listener that never accepts, with a full backlog, leaves the
-	// connect pending: the timeout and the context both end it.
-	ln, err := ns.Listen(context.Background(), "tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// connect pending: the timeout and the context both end it. Its
+	// backlog is 1 (made by hand: Go's listen asks for somaxconn, 4096,
+	// which a fast machine's dials fill only after the loop's end).
+	ln := tinyBacklogListener(t, ns)
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -188,7 +187,7 @@ func TestDialErrorsInside(t *testing.T) {
 		}
 	}()
 	var last error
-	for range 4096 {
+	for range 64 {
 		c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
 		if err != nil {
 			last = err
@@ -200,4 +199,30 @@ func TestDialErrorsInside(t *testing.T) {
 	if last == nil || !(errors.As(last, &ne) && ne.Timeout() || errors.Is(last, context.DeadlineExceeded)) {
 		t.Fatalf("pending connect ended with %v", last)
 	}
+}
+
+// tinyBacklogListener listens on 127.0.0.1 inside ns with a backlog of 1.
+func tinyBacklogListener(t *testing.T, ns *netns.NS) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	err := ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "tiny-backlog")
+		defer f.Close()
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+			return err
+		}
+		if err := unix.Listen(fd, 1); err != nil {
+			return err
+		}
+		ln, err = net.FileListener(f)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }

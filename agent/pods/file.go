@@ -17,11 +17,13 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
 
 // CgroupRoot is where a relative cgroup path in a pods file is taken from.
-const CgroupRoot = "/sys/fs/cgroup/unified"
+// It is where this process sees cgroup v2 (see internal/cgroup2).
+var CgroupRoot = cgroup2.Root()
 
 // NetnsDir is where a bare network namespace name in a pods file is taken
 // from (the directory `ip netns` uses).

@@ -37,7 +37,7 @@ func TestParse(t *testing.T) {
 		t.Fatalf("pods = %d", len(ps))
 	}
 	w := ps[0]
-	if w.Cgroup != "/sys/fs/cgroup/unified/kubepods/web" || w.Netns != "/run/netns/web" || w.ListenPort != 15002 {
+	if w.Cgroup != filepath.Join(CgroupRoot, "kubepods/web") || w.Netns != "/run/netns/web" || w.ListenPort != 15002 {
 		t.Errorf("web = %+v", w)
 	}
 	if len(w.Exclude.Ports) != 2 || !w.Exclude.NoDefaultPorts ||

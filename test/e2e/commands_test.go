@@ -15,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/ledger"
 )
@@ -102,7 +103,7 @@ func TestCommandsSayWhatIsMissing(t *testing.T) {
 	}{
 		{"agent without root", asNobody(exec.Command(bin, "agent", "--pods", podsFile)), "needs root"},
 		{"run without root", asNobody(exec.Command(bin, "run", "--", "true")), "needs root"},
-		{"agent without cgroup v2", hideCgroup2(bin, "agent", "--pods", podsFile, "--admin", ""), "kernel feature missing: cgroup v2 at /sys/fs/cgroup/unified"},
+		{"agent without cgroup v2", hideCgroup2(bin, "agent", "--pods", podsFile, "--admin", ""), "kernel feature missing: cgroup v2 at"},
 		{"run without BTF", hideBTF(bin, "run", "--", "true"), "kernel feature missing: kernel BTF"},
 		{"agent with a bad pods file", exec.Command(bin, "agent", "--pods", "/nonexistent/pods.yaml"), "/nonexistent/pods.yaml"},
 	}
@@ -131,7 +132,7 @@ func asNobody(cmd *exec.Cmd) *exec.Cmd {
 // is covered by a tmpfs, as on a machine without cgroup v2.
 func hideCgroup2(bin string, args ...string) *exec.Cmd {
 	return exec.Command("unshare", append([]string{"-m", "--propagation", "private", "sh", "-c",
-		`mount -t tmpfs none /sys/fs/cgroup/unified && exec "$@"`, "sh", bin}, args...)...)
+		`mount -t tmpfs none ` + bpfload.CgroupRoot + ` && exec "$@"`, "sh", bin}, args...)...)
 }
 
 // hideBTF covers /sys/kernel/btf, as on a kernel built without BTF.
@@ -144,7 +145,7 @@ func hideBTF(bin string, args ...string) *exec.Cmd {
 // namespaces named egret-run-*, and its egr* veths.
 func runLeftovers() map[string]bool {
 	got := map[string]bool{}
-	for _, d := range []string{"/sys/fs/cgroup/unified", "/sys/fs/bpf", "/run/netns"} {
+	for _, d := range []string{bpfload.CgroupRoot, "/sys/fs/bpf", "/run/netns"} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), "egret-run-") {

@@ -31,10 +31,12 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
 // CgroupRoot is the cgroup v2 mount tests create cgroups under.
-const CgroupRoot = "/sys/fs/cgroup/unified"
+var CgroupRoot = cgroup2.Root()
 
 // Prefix starts the name of every cgroup, netns pin and bpffs directory a
 // test makes, so that NothingLeft can look for leftovers.
