@@ -32,6 +32,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods/kube"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	egretcli "github.com/egret-proxy/egret/internal/cli"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
@@ -503,28 +504,35 @@ func TestDaemonSetVolumes(t *testing.T) {
 		return v.HostPath, m
 	}
 
-	// cgroup v2: the agent looks at bpfload.CgroupRoot, for its own cgroup
-	// and for the pods'; the node's whole cgroup2 tree must be there.
-	if hp, m := hostPathAt(bpfload.CgroupRoot); hp != nil {
-		if hp.Path != "/sys/fs/cgroup" || m.ReadOnly {
-			t.Errorf("%s: hostPath %s read-only %v, want the host's /sys/fs/cgroup read-write", bpfload.CgroupRoot, hp.Path, m.ReadOnly)
-		}
-	}
-	// The source looks for the pods' cgroups below --cgroup-root: the same
-	// tree, or the agent would attach to paths it cannot see.
-	if root := ctx.String("cgroup-root"); path.Clean(root) != bpfload.CgroupRoot {
-		t.Errorf("--cgroup-root %q, want %s (where the agent probes and attaches)", root, bpfload.CgroupRoot)
-	}
-	// Mounted below the runtime's own /sys/fs/cgroup, the runtime would
-	// mkdir the mount point in the node's cgroup tree (a privileged
-	// container shares the host's cgroup namespace): something else must
-	// hold the folder.
-	if parent := path.Dir(bpfload.CgroupRoot); parent != "/sys/fs" {
-		m, ok := mountFor(c, parent)
+	// cgroup v2: the agent takes as its root the cgroup2 mount on top in
+	// its mountinfo (internal/cgroup2). Build the container's: the
+	// runtime's cgroup2 at /sys/fs/cgroup, then the volumes in order (the
+	// host's cgroup2 tree is cgroup2, an emptyDir tmpfs, other binds
+	// something else). The root found must be the host's whole tree,
+	// read-write, and the source's --cgroup-root (if set) the same.
+	var mi strings.Builder
+	fmt.Fprintf(&mi, "1 0 0:1 / /sys/fs/cgroup rw - cgroup2 cgroup rw\n")
+	var hostCgroup string
+	for i, m := range c.VolumeMounts {
 		v, _ := volumeNamed(ds, m.Name)
-		if !ok || path.Clean(m.MountPath) != parent || v.EmptyDir == nil {
-			t.Errorf("%s has no emptyDir holding its mount point %s", bpfload.CgroupRoot, parent)
+		fs := "ext4"
+		switch {
+		case v.HostPath != nil && v.HostPath.Path == "/sys/fs/cgroup":
+			fs, hostCgroup = "cgroup2", path.Clean(m.MountPath)
+			if m.ReadOnly {
+				t.Errorf("the host's cgroup2 tree at %s is read-only", m.MountPath)
+			}
+		case v.EmptyDir != nil:
+			fs = "tmpfs"
 		}
+		fmt.Fprintf(&mi, "%d 1 0:%d / %s rw - %s x rw\n", i+2, i+2, path.Clean(m.MountPath), fs)
+	}
+	root := cgroup2.FromMountinfo(strings.NewReader(mi.String()))
+	if hostCgroup == "" || root != hostCgroup {
+		t.Errorf("the agent would take %s as cgroup v2, want the host's tree (mounted at %q)", root, hostCgroup)
+	}
+	if r := ctx.String("cgroup-root"); ctx.IsSet("cgroup-root") && path.Clean(r) != root {
+		t.Errorf("--cgroup-root %q, want %s (where the agent probes and attaches)", r, root)
 	}
 
 	// bpffs: pins outlive the pod, and a bpffs the agent mounts is the
