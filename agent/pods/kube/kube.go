@@ -56,6 +56,11 @@ var (
 	// ErrNetnsNotFound: no process of the pod's cgroup shows its network
 	// namespace (yet).
 	ErrNetnsNotFound = errors.New("kube: pod network namespace not found")
+	// ErrHostNetwork: a pod on the node's network opted in. egret cannot
+	// put it behind a listener of its own: its namespace is the node's,
+	// shared with every other such pod and the node's own services, and
+	// the agent's is not the node's.
+	ErrHostNetwork = errors.New("kube: a pod on the node's network (hostNetwork) cannot be put behind egret")
 	// ErrWatch: listing or watching the node's pods failed (the informer
 	// retries).
 	ErrWatch = errors.New("kube: listing or watching pods failed")
@@ -77,6 +82,7 @@ var DefaultNetnsDirs = []string{"/run/netns", "/var/run/netns"}
 const (
 	ReasonBadAnnotation = "EgretBadAnnotation"
 	ReasonNotFound      = "EgretPodNotFound"
+	ReasonHostNetwork   = "EgretHostNetwork"
 )
 
 // Config configures a Source.
@@ -335,6 +341,11 @@ func (r *run) resolve(pod *corev1.Pod) (pods.Pod, bool) {
 		r.problem(pod, ReasonBadAnnotation, err, "the pod is left out (its connects go direct) until the annotation is fixed")
 		return pods.Pod{}, false
 	}
+	if pod.Spec.HostNetwork {
+		r.problem(pod, ReasonHostNetwork, fmt.Errorf("%w: pod %s", ErrHostNetwork, p.Name),
+			"the pod is left out (its connects go direct)")
+		return pods.Pod{}, false
+	}
 	if pod.Status.Phase != corev1.PodRunning {
 		// Pending: looked at again on its next update. Succeeded,
 		// Failed: not in the set, so Removed if it was.
@@ -390,11 +401,9 @@ func (r *run) locate(pod *corev1.Pod) (location, error) {
 		return location{}, err
 	}
 	loc := location{cgroup: cg}
-	if !pod.Spec.HostNetwork {
-		loc.netns, loc.id, err = r.s.locateNetns(PodName(pod), cg)
-		if err != nil {
-			return location{}, err
-		}
+	loc.netns, loc.id, err = r.s.locateNetns(PodName(pod), cg)
+	if err != nil {
+		return location{}, err
 	}
 	r.located[pod.UID] = loc
 	return loc, nil
