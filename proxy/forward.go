@@ -673,6 +673,8 @@ type requestLog struct {
 // caller's program counter: the line's source would be this function
 // whoever logged, and no handler egret builds adds it.
 func (c *conn) logRequest(l requestLog) {
+	now := time.Now()
+	c.s.cfg.Metrics.answered(l.outcome, now.Sub(l.start))
 	ctx := context.Background()
 	h := c.s.cfg.Logger.Handler()
 	if !h.Enabled(ctx, slog.LevelInfo) {
@@ -684,7 +686,6 @@ func (c *conn) logRequest(l requestLog) {
 	if l.err == "" && l.e != nil {
 		l.err = l.e.Error()
 	}
-	now := time.Now()
 	r := slog.NewRecord(now, slog.LevelInfo, "request", 0)
 	// slog.Attr values rather than key-value pairs: no boxing of each
 	// value, one array on the stack.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,6 +19,7 @@ import (
 // records nothing.
 type Metrics struct {
 	requests    *prometheus.CounterVec
+	durations   *prometheus.HistogramVec
 	passthrough *prometheus.CounterVec
 	lateHTTPs   prometheus.Counter
 	tunnels     prometheus.Counter
@@ -27,7 +29,16 @@ type Metrics struct {
 	// on first use (a series appears once counted, as before): no hashing
 	// of the label and lookup per request.
 	byOutcome [len(answerOutcomes)]atomic.Pointer[prometheus.Counter]
+	durByOutc [len(answerOutcomes)]atomic.Pointer[prometheus.Observer]
+	// budgets are the node's retry budgets, read at each scrape; set by
+	// the first Server made with these Metrics.
+	budgets    atomic.Pointer[engine.Budgets]
+	budgetDesc *prometheus.Desc
 }
+
+// Buckets of egret_proxy_request_duration_seconds: from a loopback
+// answer to the 15 s default overall timeout.
+var durationBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30}
 
 // answerOutcomes are the outcome labels a request is answered with.
 var answerOutcomes = [...]string{labelRelayed, labelRejected,
@@ -47,6 +58,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "egret_proxy_requests_total",
 			Help: "Requests answered, by outcome: relayed, rejected, not-sent, failed, ambiguous.",
 		}, []string{"outcome"}),
+		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "egret_proxy_request_duration_seconds",
+			Help:    "Time from a request's head read to its answer's last byte written (every attempt and wait included), by outcome. CONNECT tunnels and upgrades are not requests here.",
+			Buckets: durationBuckets,
+		}, []string{"outcome"}),
+		budgetDesc: prometheus.NewDesc("egret_proxy_retry_budget_tokens",
+			"Retries the node-wide budget of each upstream allows now (spec section 5); a retry needs at least 1.",
+			[]string{"upstream"}, nil),
 		passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egret_proxy_passthrough_connections_total",
 			Help: "Transparent connections passed through byte for byte, by detected protocol.",
@@ -68,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Client connections open now.",
 		}),
 	}
-	if err := promreg.Register(reg, m.requests, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
+	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -91,6 +110,51 @@ func (m *Metrics) request(outcome string) {
 		}
 	}
 	m.requests.WithLabelValues(outcome).Inc()
+}
+
+// answered observes how long an answered request took, for the outcomes
+// of egret_proxy_requests_total (others, a tunnel's, are not requests).
+func (m *Metrics) answered(outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	for i, o := range answerOutcomes {
+		if o == outcome {
+			h := m.durByOutc[i].Load()
+			if h == nil {
+				o := m.durations.WithLabelValues(outcome)
+				h = &o
+				m.durByOutc[i].Store(h)
+			}
+			(*h).Observe(d.Seconds())
+			return
+		}
+	}
+}
+
+// exposeBudgets makes b the budgets the metrics read, unless some were
+// given before (one Budgets per node).
+func (m *Metrics) exposeBudgets(b *engine.Budgets) {
+	if m != nil && b != nil {
+		m.budgets.CompareAndSwap(nil, b)
+	}
+}
+
+// budgetCollector reads every upstream's budget at scrape time: no cost
+// on the request path, and the figure is the one a retry would see.
+type budgetCollector struct{ m *Metrics }
+
+func (c budgetCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.m.budgetDesc }
+
+func (c budgetCollector) Collect(ch chan<- prometheus.Metric) {
+	b := c.m.budgets.Load()
+	if b == nil {
+		return
+	}
+	now := time.Now()
+	b.Each(func(upstream string, bud *engine.Budget) {
+		ch <- prometheus.MustNewConstMetric(c.m.budgetDesc, prometheus.GaugeValue, bud.Tokens(now), upstream)
+	})
 }
 
 func (m *Metrics) passedThrough(p Protocol) {

@@ -212,6 +212,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("%w: mode %d", ErrConfig, cfg.Mode)
 	}
 	cfg.setDefaults()
+	cfg.Metrics.exposeBudgets(cfg.Budgets)
 	s := &Server{
 		cfg:       cfg,
 		via11:     "1.1 " + cfg.Via,

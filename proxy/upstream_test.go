@@ -22,7 +22,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/promtest"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
@@ -255,4 +257,90 @@ upstreams:
 	if len(seen) != 2 || seen[0] != "Bearer old" || seen[1] != "Bearer new" {
 		t.Fatalf("Authorization per attempt %q, want the old token then the refreshed one", seen)
 	}
+}
+
+// The request duration histogram observes each answered request once, by
+// outcome, and the budget gauge reads each upstream's budget at scrape
+// time, as a retry would see it.
+func TestMetricsDurationAndBudget(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n sync.Mutex
+	first := true
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		n.Lock()
+		f := first
+		first = false
+		n.Unlock()
+		if f {
+			w.WriteHeader(503)
+			return
+		}
+		time.Sleep(60 * time.Millisecond)
+		io.WriteString(w, "slow")
+	})
+	px := startProxy(t, Config{Metrics: m, Policy: mustPolicy(t, fastRetries)})
+	if got := gatherMap(t, reg)["egret_proxy_retry_budget_tokens"]; got != nil {
+		t.Fatalf("budget series before any request: %v", got)
+	}
+	resp, err := px.client().Get(up.url("/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp.Body)
+	checkEgretHeaders(t, resp, "2")
+	rawRequest(t, px.addr, "GET / HTTP/1.1\r\nHost: x\r\n\r\n") // rejected
+	var mfs map[string]*dto.MetricFamily
+	for range 200 { // the answer's log line (and observation) follows its last byte
+		mfs = gatherMap(t, reg)
+		if h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed"); h != nil && h.GetSampleCount() == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed")
+	if h == nil || h.GetSampleCount() != 1 || h.GetSampleSum() < 0.06 || h.GetSampleSum() > 5 {
+		t.Fatalf("relayed duration: %v", h)
+	}
+	if r := histogramOf(mfs["egret_proxy_request_duration_seconds"], "rejected"); r == nil || r.GetSampleCount() != 1 {
+		t.Fatalf("rejected duration: %v", r)
+	}
+	var want float64
+	var upstreams int
+	px.cfg.Budgets.Each(func(_ string, b *engine.Budget) { want = b.Tokens(time.Now()); upstreams++ })
+	bm := mfs["egret_proxy_retry_budget_tokens"]
+	if upstreams != 1 || bm == nil || len(bm.GetMetric()) != 1 {
+		t.Fatalf("budget gauge %v for %d upstreams", bm, upstreams)
+	}
+	g := bm.GetMetric()[0]
+	if g.GetLabel()[0].GetValue() != up.addr || g.GetGauge().GetValue() != want || want < 1 {
+		t.Fatalf("budget gauge %v, the budget says %v", g, want)
+	}
+}
+
+func gatherMap(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf
+	}
+	return out
+}
+
+func histogramOf(mf *dto.MetricFamily, outcome string) *dto.Histogram {
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "outcome" && l.GetValue() == outcome {
+				return m.GetHistogram()
+			}
+		}
+	}
+	return nil
 }
