@@ -247,8 +247,10 @@ func (a *attemptCtx) parentEnded() {
 // dropped): its timer and its registration with the parent are released.
 func (a *attemptCtx) finish() { a.end(context.Canceled, context.Canceled) }
 
-// end ends the attempt with err and cause (the first end wins): it runs
-// the interrupt, closes Done and starts the AfterFunc functions.
+// end ends the attempt with err and cause (the first end wins): it closes
+// Done, then (outside the lock) runs the interrupt and starts the
+// AfterFunc functions. A reader of Done may see it closed a moment before
+// the interrupt has run.
 func (a *attemptCtx) end(err, cause error) {
 	a.mu.Lock()
 	if a.err != nil {
