@@ -347,26 +347,8 @@ func (p *pod) run(t *testing.T, cmd *exec.Cmd) (string, error) {
 
 func removeCgroupTree(t *testing.T, dir string) {
 	t.Helper()
-	var dirs []string
-	_ = filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
-		if err == nil && info.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	for i := len(dirs) - 1; i >= 0; i-- {
-		_ = os.WriteFile(filepath.Join(dirs[i], "cgroup.kill"), []byte("1"), 0)
-		var err error
-		for range 200 {
-			if err = os.Remove(dirs[i]); err == nil || errors.Is(err, os.ErrNotExist) {
-				err = nil
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
-			t.Errorf("remove cgroup %s: %v", dirs[i], err)
-		}
+	if err := bpftest.RemoveCgroupTree(dir); err != nil {
+		t.Errorf("remove cgroup tree %s: %v", dir, err)
 	}
 }
 

@@ -84,7 +84,8 @@ func (c *Cgroups) Sub(t testing.TB, name string) string {
 }
 
 // RemoveCgroupTree removes a cgroup and its descendants (deepest first),
-// retrying while exiting processes still hold them.
+// killing what still runs in each (cgroup.kill, Linux 5.14) and retrying
+// while exiting processes still hold them.
 func RemoveCgroupTree(top string) error {
 	var dirs []string
 	err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
@@ -103,14 +104,15 @@ func RemoveCgroupTree(top string) error {
 		return err
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
+		_ = os.WriteFile(filepath.Join(dirs[i], "cgroup.kill"), []byte("1"), 0)
 		var rerr error
-		for try := 0; try < 50; try++ {
+		for try := 0; try < 200; try++ {
 			rerr = os.Remove(dirs[i])
 			if rerr == nil || errors.Is(rerr, os.ErrNotExist) {
 				rerr = nil
 				break
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 		}
 		if rerr != nil {
 			return rerr

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/agent/pods/kube"
@@ -257,26 +258,8 @@ func (e *env) startRuntime(t *testing.T, path string, host bool) *runtime {
 
 func removeCgroupTree(t *testing.T, dir string) {
 	t.Helper()
-	var dirs []string
-	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	for i := len(dirs) - 1; i >= 0; i-- {
-		_ = os.WriteFile(filepath.Join(dirs[i], "cgroup.kill"), []byte("1"), 0)
-		var err error
-		for range 200 {
-			if err = unix.Rmdir(dirs[i]); err == nil || errors.Is(err, unix.ENOENT) {
-				err = nil
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
-			t.Errorf("remove cgroup %s: %v", dirs[i], err)
-		}
+	if err := bpftest.RemoveCgroupTree(dir); err != nil {
+		t.Errorf("remove cgroup tree %s: %v", dir, err)
 	}
 }
 
