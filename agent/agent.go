@@ -135,7 +135,30 @@ type Agent struct {
 	pods    map[string]*podState
 	synced  bool
 	running bool
+	selfOK  bool // egret's own cgroup attached (or none to attach)
+	stopped bool // Run has left its loop
 	started time.Time
+}
+
+// Ready says whether the agent serves its node: nil once Run has attached
+// egret's own cgroup and acted on the pod source's initial list (Synced),
+// until Run ends; otherwise an error wrapping ErrNotReady that says what
+// is missing. A pod that failed to start does not make the agent unready:
+// it is reported (and retried) on its own.
+func (a *Agent) Ready() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case !a.running:
+		return fmt.Errorf("%w: not running", ErrNotReady)
+	case a.stopped:
+		return fmt.Errorf("%w: stopping", ErrNotReady)
+	case !a.selfOK:
+		return fmt.Errorf("%w: egret's own cgroup not attached yet", ErrNotReady)
+	case !a.synced:
+		return fmt.Errorf("%w: the pod source has not listed its pods yet", ErrNotReady)
+	}
+	return nil
 }
 
 // Sentinel errors.
@@ -144,6 +167,9 @@ var (
 	ErrConfig = errors.New("agent: invalid config")
 	// ErrNoPod: no pod of that name.
 	ErrNoPod = errors.New("agent: no such pod")
+	// ErrNotReady: the agent does not serve its node yet, or any more
+	// (Ready says why).
+	ErrNotReady = errors.New("agent: not ready")
 )
 
 // New checks cfg and returns an Agent.
@@ -245,9 +271,15 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	if a.cfg.SelfCgroup != "" {
 		if err := a.cfg.Attacher.AttachSelf(a.cfg.SelfCgroup); err != nil {
+			a.mu.Lock()
+			a.stopped = true
+			a.mu.Unlock()
 			return fmt.Errorf("agent: attach egret's own cgroup %s: %w", a.cfg.SelfCgroup, err)
 		}
 	}
+	a.mu.Lock()
+	a.selfOK = true
+	a.mu.Unlock()
 	srcCtx, stopSrc := context.WithCancel(ctx)
 	defer stopSrc()
 	events := make(chan pods.Event)
@@ -275,6 +307,9 @@ loop:
 			a.retryFailed()
 		}
 	}
+	a.mu.Lock()
+	a.stopped = true
+	a.mu.Unlock()
 	stopSrc()
 	a.stopAll()
 	return err

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -235,4 +236,59 @@ func TestAdminAPI(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
+}
+
+// Ready: not before Run, not before the source's initial list was acted
+// on, then ready (a failed pod does not change that), and not once Run
+// ends.
+func TestReady(t *testing.T) {
+	fake := NewFake()
+	fake.Fail["/cg/bad"] = errors.New("refused")
+	src, err := pods.NewMemory(pods.Pod{Name: "bad", Cgroup: "/cg/bad", ListenPort: freePort(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Attacher: fake, Source: src, SelfCgroup: "/self", RetryInterval: time.Hour, ShutdownGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ready(); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("before Run: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	eventually(t, "ready", func() bool { return a.Ready() == nil })
+	if st, err := a.Pod("bad"); err != nil || st.State != StateFailed {
+		t.Fatalf("the failing pod: %+v %v", st, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ready(); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "stopping") {
+		t.Fatalf("after Run: %v", err)
+	}
+
+	// A source that never lists: running, not ready.
+	never := &silentSource{}
+	b, err := New(Config{Attacher: NewFake(), Source: never, SelfCgroup: "/self", RetryInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go b.Run(ctx)
+	time.Sleep(50 * time.Millisecond)
+	if err := b.Ready(); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "listed") {
+		t.Fatalf("source not synced: %v", err)
+	}
+}
+
+// silentSource never sends an event.
+type silentSource struct{}
+
+func (silentSource) Run(ctx context.Context, _ chan<- pods.Event) error {
+	<-ctx.Done()
+	return ctx.Err()
 }

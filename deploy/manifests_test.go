@@ -644,8 +644,8 @@ func TestDaemonSetPodSpec(t *testing.T) {
 		t.Errorf("maxUnavailable %v: the rollout could not progress", u)
 	}
 
-	// Probes: egret serves no health endpoint; /metrics on --metrics is
-	// what it serves (internal/cli serveMetrics).
+	// Probes: readiness on the agent's ReadyPath, liveness on its
+	// HealthPath, both served on --metrics (internal/cli serveMetrics).
 	var metricsPort int32
 	for _, p := range c.Ports {
 		if p.Name == "metrics" {
@@ -655,9 +655,12 @@ func TestDaemonSetPodSpec(t *testing.T) {
 	if want := ":" + fmt.Sprint(metricsPort); metricsPort == 0 || ctx.String("metrics") != want {
 		t.Errorf("--metrics %q and container port metrics %d differ", ctx.String("metrics"), metricsPort)
 	}
-	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/metrics" || p.HTTPGet.Port != intstr.FromString("metrics") {
-			t.Errorf("%s probe %+v, want GET /metrics on port metrics", name, p)
+	for name, pp := range map[string]struct {
+		p    *corev1.Probe
+		path string
+	}{"readiness": {c.ReadinessProbe, egretcli.ReadyPath}, "liveness": {c.LivenessProbe, egretcli.HealthPath}} {
+		if p := pp.p; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != pp.path || p.HTTPGet.Port != intstr.FromString("metrics") {
+			t.Errorf("%s probe %+v, want GET %s on port metrics", name, pp.p, pp.path)
 		}
 	}
 	if ann := ds.Spec.Template.Annotations; ann["prometheus.io/port"] != fmt.Sprint(metricsPort) || ann["prometheus.io/path"] != "/metrics" {

@@ -188,7 +188,7 @@ func runAgent(c *cli.Context) error {
 		}()
 	}
 	if addr := c.String("metrics"); addr != "" {
-		ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"))
+		ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"), a.Ready)
 		if err != nil {
 			l.Close()
 			return err

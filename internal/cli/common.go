@@ -27,15 +27,38 @@ func newLogger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
 	return nil, cli.Exit("--log-format must be text or json", 2)
 }
 
+// Paths served on the --metrics address besides /metrics: the probes of a
+// DaemonSet or any supervisor.
+const (
+	// HealthPath answers 200 while the process serves HTTP (liveness).
+	HealthPath = "/healthz"
+	// ReadyPath answers 200 once the process does its job, 503 with the
+	// reason before and while it stops (readiness).
+	ReadyPath = "/readyz"
+)
+
 // serveMetrics serves reg's /metrics on addr until the returned server is
-// closed, and Go's profiles under /debug/pprof/ when withPprof is set.
-func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPprof bool) (*http.Server, error) {
+// closed, HealthPath and ReadyPath (ready nil: always ready), and Go's
+// profiles under /debug/pprof/ when withPprof is set.
+func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPprof bool, ready func() error) (*http.Server, error) {
 	mln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, cli.Exit("--metrics: "+err.Error(), 1)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET "+HealthPath, func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET "+ReadyPath, func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		io.WriteString(w, "ok\n")
+	})
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

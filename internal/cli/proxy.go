@@ -114,7 +114,13 @@ func runProxy(c *cli.Context) error {
 	}
 	var ms *http.Server
 	if metricsAddr != "" {
-		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof")); err != nil {
+		ready := func() error {
+			if srv.Draining() {
+				return errors.New("draining")
+			}
+			return nil
+		}
+		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), ready); err != nil {
 			ln.Close()
 			return err
 		}

@@ -82,8 +82,8 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 			t.Fatalf("no listening line (proxy %q, profiles %q)", addr, profAddr)
 		}
 	}
-	// --pprof: Go's profiles beside /metrics.
-	for path, want := range map[string]string{"/debug/pprof/cmdline": "proxy", "/metrics": "egret_proxy_"} {
+	// --pprof: Go's profiles beside /metrics; the probes' paths.
+	for path, want := range map[string]string{"/debug/pprof/cmdline": "proxy", "/metrics": "egret_proxy_", HealthPath: "ok", ReadyPath: "ok"} {
 		resp, err := http.Get("http://" + profAddr + path)
 		if err != nil {
 			t.Fatal(err)
@@ -120,6 +120,28 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 	}()
 	<-slowStarted
 	cmd.Process.Signal(syscall.SIGTERM)
+	// Draining: not ready any more, still alive.
+	probe := func(path string) (int, string) {
+		resp, err := http.Get("http://" + profAddr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	for deadline := time.Now().Add(300 * time.Millisecond); ; time.Sleep(5 * time.Millisecond) {
+		code, body := probe(ReadyPath)
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s while draining: %d %q", ReadyPath, code, body)
+		}
+	}
+	if code, body := probe(HealthPath); code != 200 {
+		t.Fatalf("%s while draining: %d %q", HealthPath, code, body)
+	}
 	if got := <-slow; got != "slow done" {
 		t.Fatalf("in-flight request during drain: %q", got)
 	}
