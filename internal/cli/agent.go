@@ -49,7 +49,7 @@ func agentCommand() *cli.Command {
 			&cli.UintFlag{Name: "listen-port", Value: agent.DefaultListenPort, Usage: "`PORT` of each pod's listeners on 127.0.0.1 and ::1 in its namespace"},
 			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one, or " + agent.DefaultSelfCgroup + " when started in the root)"},
 			&cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "unix `SOCKET` of the admin API (\"\" for none)"},
-			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics on `ADDR` (default: off)"},
+			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
 			pprofFlag,
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},

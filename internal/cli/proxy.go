@@ -33,7 +33,7 @@ func proxyCommand() *cli.Command {
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:15001", Usage: "address to listen on (loopback unless --allow-remote)"},
 			&cli.BoolFlag{Name: "allow-remote", Usage: "allow a non-loopback --listen or --metrics address (an open proxy to whoever reaches it)"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (watched and reloaded on change; default: the embedded defaults)"},
-			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics on `ADDR` (default: off)"},
+			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
 			pprofFlag,
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "how long in-flight requests may take to finish on shutdown"},
 			&cli.StringFlag{Name: "spool-dir", Usage: "directory for spooled request bodies (default: the system's temporary directory)"},
