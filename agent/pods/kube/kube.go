@@ -346,9 +346,22 @@ func (r *run) resolve(pod *corev1.Pod) (pods.Pod, bool) {
 			"the pod is left out (its connects go direct)")
 		return pods.Pod{}, false
 	}
-	if pod.Status.Phase != corev1.PodRunning {
-		// Pending: looked at again on its next update. Succeeded,
-		// Failed: not in the set, so Removed if it was.
+	switch pod.Status.Phase {
+	case corev1.PodRunning:
+	case corev1.PodPending:
+		// Its init containers run while it is Pending, in its sandbox:
+		// behind egret as soon as its cgroup and namespace are there.
+		// Until then (image pulls, scheduling) nothing is reported; it
+		// is looked at again on its updates and on the timer.
+		delete(r.waiting, pod.UID)
+		loc, err := r.locate(pod)
+		if err != nil {
+			return pods.Pod{}, false
+		}
+		p.Cgroup, p.Netns = loc.cgroup, loc.netns
+		return p, true
+	default:
+		// Succeeded, Failed: not in the set, so Removed if it was.
 		delete(r.waiting, pod.UID)
 		return pods.Pod{}, false
 	}

@@ -387,6 +387,22 @@ func testLifecycle(t *testing.T, c *kubeapi.Cluster) {
 		t.Fatalf("later: %+v, want cgroup %s netns %s", ev.Pod, rl.cgroup, rl.netns)
 	}
 
+	// Pending with its sandbox up (its init containers run there):
+	// behind egret already; Pending without one: nothing, and nothing
+	// reported.
+	ip := e.createPod(t, "init", annotations(kube.AnnotationEnabled, "true"))
+	if ip.Status.Phase != corev1.PodPending {
+		t.Fatalf("init: phase %q, want Pending", ip.Status.Phase)
+	}
+	w.quiet(300 * time.Millisecond)
+	ri := e.startRuntime(t, e.cgroupfsPath(ip), false)
+	ev = w.expect(pods.Added, e.ns+"/init")
+	if ev.Pod.Cgroup != ri.cgroup || ev.Pod.Netns != ri.netns {
+		t.Fatalf("init: %+v, want cgroup %s netns %s", ev.Pod, ri.cgroup, ri.netns)
+	}
+	e.setPhase(t, "init", corev1.PodRunning)
+	w.quiet(300 * time.Millisecond) // Running in the same place: no change
+
 	// Opt-out, opt back in.
 	e.annotate(t, "a", kube.AnnotationEnabled, ptr("false"))
 	w.expect(pods.Removed, e.ns+"/a")
