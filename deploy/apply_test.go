@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/agent/pods/kube"
@@ -190,15 +191,20 @@ func TestApplyToAPIServer(t *testing.T) {
 	// The agent's identity, held to its ClusterRole.
 	sa := only[*corev1.ServiceAccount](t, objs)
 	user := "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
-	agentClient := kubernetes.NewForConfigOrDie(c.ConfigAs(user, "system:serviceaccounts", "system:serviceaccounts:"+sa.Namespace, "system:authenticated"))
-	checkSourceRuns(ctx, t, c.Client, agentClient, c.Namespace(t))
+	agentCfg := c.ConfigAs(user, "system:serviceaccounts", "system:serviceaccounts:"+sa.Namespace, "system:authenticated")
+	agentClient := kubernetes.NewForConfigOrDie(agentCfg)
+	agentCore, err := kube.NewClient(agentCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSourceRuns(ctx, t, c.Client, agentCore, c.Namespace(t))
 	checkNothingMore(ctx, t, agentClient, sa.Namespace)
 }
 
 // checkSourceRuns runs egret's Kubernetes pod source as the agent: a pod
 // on its node with a bad annotation must be reported and given a Warning
 // Event, once listed and again once watched.
-func checkSourceRuns(ctx context.Context, t *testing.T, admin, agentClient kubernetes.Interface, ns string) {
+func checkSourceRuns(ctx context.Context, t *testing.T, admin kubernetes.Interface, agentClient rest.Interface, ns string) {
 	t.Helper()
 	const node = "node-a"
 	var mu sync.Mutex

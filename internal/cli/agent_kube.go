@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -69,7 +68,7 @@ func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kub
 		return nil, nil, nil, cli.Exit(err.Error(), 2)
 	}
 	cfg.UserAgent = "egret-agent"
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.NewClient(cfg)
 	if err != nil {
 		return nil, nil, nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 2)
 	}
@@ -94,7 +93,7 @@ func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kub
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	version := "unreachable"
-	if body, err := client.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx); err == nil {
+	if body, err := client.Get().AbsPath("/version").DoRaw(ctx); err == nil {
 		var v struct{ GitVersion string }
 		_ = json.Unmarshal(body, &v)
 		version = v.GitVersion

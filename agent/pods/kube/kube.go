@@ -32,10 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -87,8 +84,9 @@ const (
 
 // Config configures a Source.
 type Config struct {
-	// Client reaches the API server (required).
-	Client kubernetes.Interface
+	// Client reaches the API server's core/v1 API (required; NewClient
+	// makes one).
+	Client rest.Interface
 	// NodeName is the node whose pods the source watches (required).
 	NodeName string
 	// CgroupRoot is where cgroup v2 is mounted for the agent
@@ -169,15 +167,6 @@ func New(cfg Config) (*Source, error) {
 
 const procRoot = "/proc"
 
-// NewRecorder returns an EventRecorder writing Events through client as
-// Component on node, and a function that stops it. The agent needs RBAC
-// create and patch on events (patch: repeated Events are counted on one).
-func NewRecorder(client kubernetes.Interface, node string) (record.EventRecorder, func()) {
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component, Host: node}), b.Shutdown
-}
-
 // Run implements pods.Source: it watches the node's pods until ctx ends.
 // The pods found when the informer has synced are sent as Added, then
 // Synced, then the changes.
@@ -189,13 +178,10 @@ func (s *Source) Run(ctx context.Context, events chan<- pods.Event) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	node := fields.OneTermEqualSelector("spec.nodeName", s.cfg.NodeName).String()
-	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = node }))
-	inf := factory.Core().V1().Pods().Informer()
-	defer func() {
-		cancel()
-		factory.Shutdown() // waits for the informer's goroutines
-	}()
+	lw := cache.NewFilteredListWatchFromClient(s.cfg.Client, "pods", metav1.NamespaceAll,
+		func(o *metav1.ListOptions) { o.FieldSelector = node })
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{})
+	defer cancel()
 
 	wake := make(chan struct{}, 1)
 	poke := func() {
@@ -229,7 +215,15 @@ func (s *Source) Run(ctx context.Context, events chan<- pods.Event) error {
 	}); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	factory.Start(ctx.Done())
+	informed := make(chan struct{})
+	go func() {
+		defer close(informed)
+		inf.Run(ctx.Done())
+	}()
+	defer func() {
+		cancel()
+		<-informed // the informer's goroutines have ended
+	}()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
@@ -91,7 +92,7 @@ func (e *env) errors() []error {
 
 func (e *env) source(t *testing.T, cfg kube.Config) *kube.Source {
 	t.Helper()
-	cfg.Client, cfg.NodeName, cfg.CgroupRoot = e.c.Client, e.node, e.root
+	cfg.Client, cfg.NodeName, cfg.CgroupRoot = coreClient(t, e.c), e.node, e.root
 	if cfg.RetryInterval == 0 {
 		cfg.RetryInterval = 100 * time.Millisecond
 	}
@@ -444,7 +445,7 @@ func testLifecycle(t *testing.T, c *kubeapi.Cluster) {
 
 func testBadAnnotations(t *testing.T, c *kubeapi.Cluster) {
 	e := newEnv(t, c)
-	rec, stop := kube.NewRecorder(c.Client, e.node)
+	rec, stop := kube.NewRecorder(coreClient(t, c), e.node)
 	defer stop()
 	bad := e.createPod(t, "bad", annotations(kube.AnnotationEnabled, "true", kube.AnnotationListenPort, "http",
 		kube.AnnotationPolicy, "defaults:\n  max_attempts: 0\n"))
@@ -557,7 +558,7 @@ func testLayouts(t *testing.T, c *kubeapi.Cluster) {
 	e.setPhase(t, "host", corev1.PodRunning)
 	rh := e.startRuntime(t, e.cgroupfsPath(h), true)
 
-	rec, stop := kube.NewRecorder(c.Client, e.node)
+	rec, stop := kube.NewRecorder(coreClient(t, c), e.node)
 	defer stop()
 	w := watch(t, e.source(t, kube.Config{Recorder: rec}))
 	gev := w.expect(pods.Added, e.ns+"/guaranteed")
@@ -633,4 +634,14 @@ func testRestart(t *testing.T, c *kubeapi.Cluster) {
 	if err := s.Run(context.Background(), make(chan pods.Event)); !errors.Is(err, kube.ErrConfig) {
 		t.Fatalf("second Run: %v, want ErrConfig", err)
 	}
+}
+
+// coreClient is the source's own kind of client (kube.NewClient) for c.
+func coreClient(t *testing.T, c *kubeapi.Cluster) rest.Interface {
+	t.Helper()
+	cl, err := kube.NewClient(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }

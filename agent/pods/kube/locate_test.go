@@ -12,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -157,6 +156,10 @@ func TestSandboxProcess(t *testing.T) {
 }
 
 // unusedClient is a clientset that is never asked anything (Config checks).
-func unusedClient() kubernetes.Interface {
-	return kubernetes.NewForConfigOrDie(&rest.Config{Host: "http://127.0.0.1:1"})
+func unusedClient() rest.Interface {
+	c, err := NewClient(&rest.Config{Host: "http://127.0.0.1:1"})
+	if err != nil {
+		panic(err)
+	}
+	return c
 }
