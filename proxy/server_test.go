@@ -133,33 +133,42 @@ func echoServer(t *testing.T, greeting string) (net.Listener, chan []byte) {
 	return ln, got
 }
 
+// A TLS ClientHello, sent at once or after the sniff timeout, is passed
+// through byte for byte and counted as tls.
 func TestTransparentPassthroughTLS(t *testing.T) {
-	ln, got := echoServer(t, "")
-	m := testMetrics(t)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)}, Metrics: m})
-	c, err := net.Dial("tcp", p.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	// A real ClientHello from crypto/tls, captured on the way.
-	hello := captureClientHello(t)
-	c.Write(hello)
-	select {
-	case b := <-got:
-		if !bytes.Equal(b, hello) {
-			t.Fatalf("destination got %d bytes, want the %d-byte ClientHello unchanged", len(b), len(hello))
+	for _, silence := range []time.Duration{0, 200 * time.Millisecond} {
+		ln, got := echoServer(t, "")
+		m := testMetrics(t)
+		p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
+			Metrics: m, SniffTimeout: 50 * time.Millisecond})
+		c, err := net.Dial("tcp", p.addr)
+		if err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("nothing reached the destination")
-	}
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	back := make([]byte, 5)
-	if _, err := io.ReadFull(c, back); err != nil || string(back) != "echo:" {
-		t.Fatalf("reply %q, %v", back, err)
-	}
-	if n := counterValue(t, m.passthrough.WithLabelValues("tls")); n != 1 {
-		t.Errorf("passthrough{tls} = %v, want 1", n)
+		defer c.Close()
+		time.Sleep(silence)
+		// A real ClientHello from crypto/tls, captured on the way.
+		hello := captureClientHello(t)
+		c.Write(hello)
+		select {
+		case b := <-got:
+			if !bytes.Equal(b, hello) {
+				t.Fatalf("silent %v: destination got %d bytes, want the %d-byte ClientHello unchanged", silence, len(b), len(hello))
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("silent %v: nothing reached the destination", silence)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		back := make([]byte, 5)
+		if _, err := io.ReadFull(c, back); err != nil || string(back) != "echo:" {
+			t.Fatalf("silent %v: reply %q, %v", silence, back, err)
+		}
+		if n := counterValue(t, m.passthrough.WithLabelValues("tls")); n != 1 {
+			t.Errorf("silent %v: passthrough{tls} = %v, want 1", silence, n)
+		}
+		if v := counterValue(t, m.lateHTTPs); v != 0 {
+			t.Errorf("silent %v: late HTTP connections %v, want 0", silence, v)
+		}
 	}
 }
 
@@ -474,42 +483,6 @@ func TestTransparentLateHTTPIsServed(t *testing.T) {
 	}
 	if v := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); v != 0 {
 		t.Errorf("passthrough{server_first} = %v, want 0", v)
-	}
-}
-
-// A silent client that then speaks another protocol first is passed
-// through under that protocol's name, its bytes unchanged.
-func TestTransparentSilentThenTLSPassedThrough(t *testing.T) {
-	ln, got := echoServer(t, "")
-	m := testMetrics(t)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
-		Metrics: m, SniffTimeout: 50 * time.Millisecond})
-	c, err := net.Dial("tcp", p.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	time.Sleep(200 * time.Millisecond)
-	hello := captureClientHello(t)
-	c.Write(hello)
-	select {
-	case b := <-got:
-		if !bytes.Equal(b, hello) {
-			t.Fatalf("destination got %d bytes, want the %d-byte ClientHello", len(b), len(hello))
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("nothing reached the destination")
-	}
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	back := make([]byte, 5)
-	if _, err := io.ReadFull(c, back); err != nil || string(back) != "echo:" {
-		t.Fatalf("reply %q, %v", back, err)
-	}
-	if v := counterValue(t, m.passthrough.WithLabelValues("tls")); v != 1 {
-		t.Errorf("passthrough{tls} = %v, want 1", v)
-	}
-	if v := counterValue(t, m.lateHTTPs); v != 0 {
-		t.Errorf("late HTTP connections %v, want 0", v)
 	}
 }
 
