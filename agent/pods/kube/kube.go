@@ -7,13 +7,13 @@
 // RetryInterval, the source works out the set of pods it can put behind
 // egret and sends the difference from what it sent before (pods.Memory
 // does the diffing). A pod is in the set when it opted in, its
-// annotations are all good, it is Running, and its cgroup and (unless it
-// uses the host's network) its namespace are found. A pod not Running yet,
-// or whose cgroup or namespace is not there yet, is looked at again on its
-// next update and on the timer; a pod whose annotations are bad is left
-// out (its connects go direct) and reported: OnError, and a Warning Event
-// on the pod when the source has a Recorder. Succeeded, Failed and deleted
-// pods are Removed. See README.md.
+// annotations are all good, it is Running (or Pending with its sandbox up,
+// where its init containers run), and its cgroup and namespace are found.
+// A pod whose cgroup or namespace is not there yet is looked at again on
+// its updates and on the timer; a pod whose annotations are bad, or that
+// uses the node's network, is left out (its connects go direct) and
+// reported: OnError, and a Warning Event on the pod when the source has a
+// Recorder. Succeeded, Failed and deleted pods are Removed. See README.md.
 package kube
 
 import (
