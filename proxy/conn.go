@@ -376,18 +376,39 @@ func (c *conn) abort() {
 func (c *conn) passthrough(proto Protocol, addr string, prefix []byte) {
 	c.s.cfg.Metrics.passedThrough(proto)
 	c.s.setState(c, stateTunnel)
+	if up := c.dialPassthrough(proto, addr); up != nil {
+		c.pipeThrough(proto, addr, up, prefix, nil)
+	}
+}
+
+// dialPassthrough dials addr for a passthrough; when that fails it logs,
+// resets the client and returns nil.
+func (c *conn) dialPassthrough(proto Protocol, addr string) net.Conn {
 	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.DialTimeout)
 	up, err := c.s.cfg.Dial(ctx, "tcp", addr)
 	cancel()
 	if err != nil {
 		c.s.cfg.Logger.Info("passthrough", "protocol", string(proto), "dst", addr, "err", err)
 		c.abort()
-		return
+		return nil
+	}
+	return up
+}
+
+// pipeThrough copies bytes both ways between the client and up until both
+// are done: first prefix to up, and toClient (what up said already) to the
+// client.
+func (c *conn) pipeThrough(proto Protocol, addr string, up net.Conn, prefix, toClient []byte) {
+	if len(toClient) > 0 {
+		if _, err := c.c.Write(toClient); err != nil {
+			up.Close()
+			return
+		}
 	}
 	c.c.SetReadDeadline(time.Time{})
 	aToB, bToA := pipe(&bufferedConn{Conn: c.c, r: c.br}, up, prefix)
 	c.s.cfg.Logger.Debug("passthrough", "protocol", string(proto), "dst", addr,
-		"sent", aToB, "received", bToA)
+		"sent", aToB, "received", bToA+int64(len(toClient)))
 }
 
 // aLongTimeAgo is a deadline in the past: it ends a blocked read at once.
@@ -408,13 +429,9 @@ var aLongTimeAgo = time.Unix(1, 0)
 // It returns "" once the connection was passed through or ended.
 func (c *conn) silent() Protocol {
 	cfg := &c.s.cfg
-	ctx, cancel := context.WithTimeout(c.s.ctx, cfg.DialTimeout)
-	up, err := cfg.Dial(ctx, "tcp", c.dstAddr)
-	cancel()
-	if err != nil {
+	up := c.dialPassthrough(ProtoSilent, c.dstAddr)
+	if up == nil {
 		cfg.Metrics.passedThrough(ProtoSilent)
-		cfg.Logger.Info("passthrough", "protocol", string(ProtoSilent), "dst", c.dstAddr, "err", err)
-		c.abort()
 		return ""
 	}
 	type heard struct {
@@ -462,15 +479,7 @@ func (c *conn) silent() Protocol {
 	}
 	cfg.Metrics.passedThrough(proto)
 	c.s.setState(c, stateTunnel)
-	if len(ul.b) > 0 {
-		if _, err := c.c.Write(ul.b); err != nil {
-			up.Close()
-			return ""
-		}
-	}
-	aToB, bToA := pipe(&bufferedConn{Conn: c.c, r: c.br}, up, nil)
-	cfg.Logger.Debug("passthrough", "protocol", string(proto), "dst", c.dstAddr,
-		"sent", aToB, "received", bToA+int64(len(ul.b)))
+	c.pipeThrough(proto, c.dstAddr, up, nil, ul.b)
 	return ""
 }
 

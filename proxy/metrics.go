@@ -93,23 +93,32 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// outcomeIndex is outcome's place in answerOutcomes, -1 if it is not one.
+func outcomeIndex(outcome string) int {
+	for i, o := range answerOutcomes {
+		if o == outcome {
+			return i
+		}
+	}
+	return -1
+}
+
 func (m *Metrics) request(outcome string) {
 	if m == nil {
 		return
 	}
-	for i, o := range answerOutcomes {
-		if o == outcome {
-			c := m.byOutcome[i].Load()
-			if c == nil {
-				vc := m.requests.WithLabelValues(outcome)
-				c = &vc
-				m.byOutcome[i].Store(c)
-			}
-			(*c).Inc()
-			return
-		}
+	i := outcomeIndex(outcome)
+	if i < 0 {
+		m.requests.WithLabelValues(outcome).Inc()
+		return
 	}
-	m.requests.WithLabelValues(outcome).Inc()
+	c := m.byOutcome[i].Load()
+	if c == nil {
+		vc := m.requests.WithLabelValues(outcome)
+		c = &vc
+		m.byOutcome[i].Store(c)
+	}
+	(*c).Inc()
 }
 
 // answered observes how long an answered request took, for the outcomes
@@ -118,18 +127,17 @@ func (m *Metrics) answered(outcome string, d time.Duration) {
 	if m == nil {
 		return
 	}
-	for i, o := range answerOutcomes {
-		if o == outcome {
-			h := m.durByOutc[i].Load()
-			if h == nil {
-				o := m.durations.WithLabelValues(outcome)
-				h = &o
-				m.durByOutc[i].Store(h)
-			}
-			(*h).Observe(d.Seconds())
-			return
-		}
+	i := outcomeIndex(outcome)
+	if i < 0 {
+		return
 	}
+	h := m.durByOutc[i].Load()
+	if h == nil {
+		o := m.durations.WithLabelValues(outcome)
+		h = &o
+		m.durByOutc[i].Store(h)
+	}
+	(*h).Observe(d.Seconds())
 }
 
 // exposeBudgets makes b the budgets the metrics read, unless some were
