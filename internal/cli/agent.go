@@ -51,6 +51,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "unix `SOCKET` of the admin API (\"\" for none)"},
 			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
 			pprofFlag,
+			heapFloorFlag,
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
@@ -82,6 +83,11 @@ func runAgent(c *cli.Context) error {
 	if err := checkPodSource(c); err != nil {
 		return err
 	}
+	stopFloor, err := startHeapFloor(c)
+	if err != nil {
+		return err
+	}
+	defer stopFloor()
 	// Batched as `egret proxy`'s: no write(2) per request line.
 	lw := newLogWriter(c.App.ErrWriter)
 	defer lw.Close()

@@ -8,7 +8,9 @@ import (
 	"net/http/pprof"
 	"time"
 
+	"github.com/egret-proxy/egret/internal/heapfloor"
 	"github.com/egret-proxy/egret/internal/textlog"
+	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
@@ -71,6 +73,21 @@ func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPp
 	go ms.Serve(mln)
 	log.Info("egret metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	return ms, nil
+}
+
+// heapFloorFlag sets the heap goal under which Go's collector does not run
+// (internal/heapfloor). 32 MiB: at 4000 requests a second egret collected
+// about 4 times a second with GOGC alone, each collection stopping the
+// world; the DaemonSet requests 64 MiB.
+var heapFloorFlag = &cli.StringFlag{Name: "heap-floor", Value: "32MiB", Usage: "let the heap grow to `SIZE` before Go's garbage collector runs: fewer collections, and fewer of their pauses, under load (0: GOGC alone; GOGC and GOMEMLIMIT still apply)"}
+
+// startHeapFloor starts --heap-floor; call stop when the command ends.
+func startHeapFloor(c *cli.Context) (stop func(), err error) {
+	n, err := policy.ParseSize(c.String("heap-floor"))
+	if err != nil {
+		return nil, cli.Exit("--heap-floor: "+err.Error(), 2)
+	}
+	return heapfloor.Start(uint64(n)), nil
 }
 
 // pprofFlag serves Go's profiles beside /metrics.

@@ -35,6 +35,7 @@ func proxyCommand() *cli.Command {
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (watched and reloaded on change; default: the embedded defaults)"},
 			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
 			pprofFlag,
+			heapFloorFlag,
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "how long in-flight requests may take to finish on shutdown"},
 			&cli.StringFlag{Name: "spool-dir", Usage: "directory for spooled request bodies (default: the system's temporary directory)"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
@@ -61,6 +62,11 @@ func runProxy(c *cli.Context) error {
 			return cli.Exit("--metrics: "+err.Error(), 2)
 		}
 	}
+	stopFloor, err := startHeapFloor(c)
+	if err != nil {
+		return err
+	}
+	defer stopFloor()
 	// One line per request: batched, so that logging does not cost a
 	// write(2) per request (written out within logFlushEvery, and at exit).
 	lw := newLogWriter(c.App.ErrWriter)

@@ -46,6 +46,7 @@ func runCommand() *cli.Command {
 			&cli.UintFlag{Name: "listen-port", Usage: "`PORT` of egret's listener (default: a free one)"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log only warnings and errors"},
+			heapFloorFlag,
 		},
 		Action: runRun,
 	}
@@ -81,6 +82,11 @@ func runRun(c *cli.Context) error {
 	if len(args) == 0 {
 		return cli.Exit("run needs a command: egret run [--netns host|new] -- CMD [ARGS...]", 2)
 	}
+	stopFloor, err := startHeapFloor(c)
+	if err != nil {
+		return err
+	}
+	defer stopFloor()
 	// Batched as `egret proxy`'s: no write(2) per request line.
 	lw := newLogWriter(c.App.ErrWriter)
 	defer lw.Close()

@@ -403,7 +403,7 @@ func (d *decoder) size(n *yaml.Node, path string, dst *val[int64]) {
 		return
 	}
 	at := d.posOf(s, path)
-	x, err := parseSize(s.Value)
+	x, err := ParseSize(s.Value)
 	if err != nil {
 		d.fail(at, ErrInvalid, "%s", err)
 		return
@@ -411,7 +411,9 @@ func (d *decoder) size(n *yaml.Node, path string, dst *val[int64]) {
 	dst.put(x, at)
 }
 
-func parseSize(s string) (int64, error) {
+// ParseSize parses a byte size as policy files write it: 65536, "64KiB",
+// "8MiB", "1MB"; at most 1 GiB.
+func ParseSize(s string) (int64, error) {
 	m := sizePattern.FindStringSubmatch(strings.TrimSpace(s))
 	if m == nil {
 		return 0, fmt.Errorf("%q is not a size such as \"64KiB\" or \"8MiB\"", s)

@@ -18,13 +18,13 @@ func TestSizes(t *testing.T) {
 		{"8MiB", 8 << 20}, {"1GiB", 1 << 30}, {"1kB", 1000}, {"2MB", 2_000_000}, {"1GB", 1_000_000_000},
 		{"16 MiB", 16 << 20},
 	} {
-		got, err := parseSize(c.in)
+		got, err := ParseSize(c.in)
 		if err != nil || got != c.want {
 			t.Errorf("%q: %d %v, want %d", c.in, got, err, c.want)
 		}
 	}
 	for _, bad := range []string{"", "-1KiB", "1.5MiB", "64kib", "2GiB", "99999999999999999999", "MiB", "1 K i B"} {
-		if got, err := parseSize(bad); err == nil {
+		if got, err := ParseSize(bad); err == nil {
 			t.Errorf("%q accepted as %d", bad, got)
 		}
 	}
