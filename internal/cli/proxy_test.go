@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -304,5 +305,21 @@ func TestProxyCommandRefusesRemoteListen(t *testing.T) {
 	err := app.Run([]string{"egret", "proxy", "--listen", "0.0.0.0:0"})
 	if err == nil || !strings.Contains(err.Error(), "not loopback") {
 		t.Fatalf("non-loopback listen: %v", err)
+	}
+}
+
+func TestHeapFloorFlag(t *testing.T) {
+	for _, args := range [][]string{
+		{"proxy", "--heap-floor", "lots"},
+		{"agent", "--pods", "/nonexistent/pods.yaml", "--heap-floor", "2GiB"},
+		{"run", "--heap-floor", "32 parsecs", "--", "true"},
+	} {
+		app := App()
+		app.ExitErrHandler = func(*ucli.Context, error) {}
+		err := app.Run(append([]string{"egret"}, args...))
+		var ec ucli.ExitCoder
+		if err == nil || !strings.Contains(err.Error(), "--heap-floor: ") || !errors.As(err, &ec) || ec.ExitCode() != 2 {
+			t.Errorf("%v: %v, want a --heap-floor error with status 2", args, err)
+		}
 	}
 }
