@@ -394,6 +394,7 @@ type paceResult struct {
 func measurePaced(bin, host string, targets []target, workloads []workload) error {
 	type key struct{ w, t string }
 	results := map[key]paceResult{}
+	spread := map[key][2]time.Duration{} // the lowest and highest p99 of the rounds
 	var bad []string
 	var late50, late99 time.Duration
 	for _, w := range workloads {
@@ -423,16 +424,18 @@ func measurePaced(bin, host string, targets []target, workloads []workload) erro
 			rs := runs[ti]
 			sort.Slice(rs, func(i, j int) bool { return rs[i].P99 < rs[j].P99 })
 			results[key{w.name, tg.name}] = rs[len(rs)/2]
+			spread[key{w.name, tg.name}] = [2]time.Duration{rs[0].P99, rs[len(rs)-1].P99}
+			spread[key{w.name, tg.name}] = [2]time.Duration{rs[0].P99, rs[len(rs)-1].P99}
 		}
 	}
 
 	fmt.Printf("\npaced: %g requests/s on %d keep-alive connections (open loop), latency from each request's intended send time; median of %d by p99\n",
 		*rate, *paceN, *rounds)
-	fmt.Printf("%-10s %-11s %12s %10s %10s %10s %8s %12s\n", "workload", "target", "requests/s", "p50", "p99", "p99.9", "non-2xx", "CPU/request")
+	fmt.Printf("%-10s %-11s %12s %10s %10s %19s %10s %8s %12s\n", "workload", "target", "requests/s", "p50", "p99", "p99 of the rounds", "p99.9", "non-2xx", "CPU/request")
 	for _, w := range workloads {
 		for _, tg := range targets {
-			r := results[key{w.name, tg.name}]
-			fmt.Printf("%-10s %-11s %12.0f %10s %10s %10s %8d %12s\n", w.name, tg.name, r.Rate, fmtDur(r.P50), fmtDur(r.P99), fmtDur(r.P999), r.Non2xx+r.Errors, cpuCell(r.cpu))
+			r, sp := results[key{w.name, tg.name}], spread[key{w.name, tg.name}]
+			fmt.Printf("%-10s %-11s %12.0f %10s %10s %19s %10s %8d %12s\n", w.name, tg.name, r.Rate, fmtDur(r.P50), fmtDur(r.P99), fmtDur(sp[0])+"–"+fmtDur(sp[1]), fmtDur(r.P999), r.Non2xx+r.Errors, cpuCell(r.cpu))
 		}
 	}
 	fmt.Printf("(the generator's own lateness, in every figure alike: wake-ups p50 %s, p99 %s at worst)\n", fmtDur(late50), fmtDur(late99))
