@@ -67,6 +67,7 @@ type exchange struct {
 	ctx  exchangeCtx
 	url  url.URL
 	vals [2]string
+	req  http.Request // the upstream request (outgoing), in this allocation
 }
 
 // exchangeCtx is the context of an upstream request: the server's, with
@@ -374,7 +375,8 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exch
 		Header:     h,
 		Host:       req.Host,
 	}
-	out := tmpl.WithContext(&st.ctx)
+	st.req = *tmpl.WithContext(&st.ctx) // WithContext's copy stays on the stack
+	out := &st.req
 	if c.s.cfg.Mode == Explicit {
 		out.Host = tg.url.Host
 	}

@@ -267,6 +267,7 @@ type attemptResult struct {
 	release func()         // bulkhead permit, nil when none or released
 	ctx     attemptCtx
 	at      attemptTrace
+	req     http.Request // the attempt's request, in this allocation
 }
 
 func (r *run) do() (*http.Response, error) {
@@ -468,7 +469,8 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 		}
 	}
 
-	areq := r.work.WithContext(actx)
+	ar.req = *r.work.WithContext(actx) // WithContext's copy stays on the stack
+	areq := &ar.req
 	areq.GetBody = nil
 	areq.Body = body
 	if r.kind == engine.BodyNone {
