@@ -95,6 +95,12 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 			t.Fatalf("GET %s: %d, body without %q", path, resp.StatusCode, want)
 		}
 	}
+	// The default --heap-floor is in force from the start: GOGC raised,
+	// the collector's goal at 16 MiB (4 MiB with GOGC alone).
+	gogc, goal := goMetric(t, profAddr, "go_gc_gogc_percent"), goMetric(t, profAddr, "go_memstats_next_gc_bytes")
+	if gogc <= 100 || goal < 16<<20 {
+		t.Errorf("GOGC %v, heap goal %v bytes: the default heap floor (16 MiB) is not in force", gogc, goal)
+	}
 	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: addr})}, Timeout: 10 * time.Second}
 	resp, err := client.Get("http://" + ln.Addr().String() + "/flaky")
 	if err != nil {
@@ -306,6 +312,28 @@ func TestProxyCommandRefusesRemoteListen(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not loopback") {
 		t.Fatalf("non-loopback listen: %v", err)
 	}
+}
+
+// goMetric reads one unlabelled sample from the /metrics at addr.
+func goMetric(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", name)
+	return 0
 }
 
 func TestHeapFloorFlag(t *testing.T) {

@@ -130,14 +130,19 @@ const minHeap = 4 << 20
 // Percent is the GOGC that puts the collector's heap goal for a live heap
 // of live bytes scanned with roots bytes of stacks and globals at floor:
 // live + (live+roots)*GOGC/100 at floor or above, the minimum heap
-// 4MiB*GOGC/100 not above it; never under base.
+// 4MiB*GOGC/100 not above it; never under base. Before the first
+// collection (live 0) the minimum heap is the goal, so the floor holds from
+// the start.
 func Percent(floor, live, roots uint64, base int) int {
-	if live == 0 || live >= floor {
+	if live >= floor {
 		return base
 	}
 	scan := live + roots
 	if scan < live { // roots past any real size
 		return base
+	}
+	if scan == 0 {
+		scan = 1 // nothing collected yet: the minimum heap term alone
 	}
 	// 100*(floor-live)/scan rounded up, so that the goal is not under the
 	// floor; 128-bit, so that no size overflows.

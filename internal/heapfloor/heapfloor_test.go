@@ -25,7 +25,7 @@ func TestPercent(t *testing.T) {
 		{64 << 20, 64 << 20, 0, 100, 100},      // live at the floor
 		{64 << 20, 80 << 20, 0, 100, 100},      // live above it
 		{64 << 20, 4 << 20, 0, 2000, 2000},     // a base above what the floor asks
-		{64 << 20, 0, 1 << 20, 100, 100},       // nothing collected yet
+		{64 << 20, 0, 1 << 20, 100, 1600},      // nothing collected yet: the minimum heap is the goal
 		{1 << 40, 1, 0, 100, maxPercent},       // bounded
 		{1 << 63, 1, 0, 100, maxPercent},       // without overflow
 		{1 << 63, 1 << 62, 1 << 62, 100, 100},  // without overflow
@@ -35,7 +35,7 @@ func TestPercent(t *testing.T) {
 		if got != c.want {
 			t.Errorf("Percent(%d, %d, %d, %d) = %d, want %d", c.floor, c.live, c.roots, c.base, got, c.want)
 		}
-		if c.live == 0 || got == c.base || got == maxPercent {
+		if got == c.base || got == maxPercent {
 			continue
 		}
 		g, f := float64(got)/100, float64(c.floor)
