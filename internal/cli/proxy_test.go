@@ -231,23 +231,7 @@ func TestIdleConnectionsKeepSmallStacks(t *testing.T) {
 	}
 	stacks := func() float64 {
 		time.Sleep(100 * time.Millisecond)
-		resp, err := http.Get("http://" + metrics + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_stack_inuse_bytes "); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return f
-			}
-		}
-		t.Fatal("no go_memstats_stack_inuse_bytes")
-		return 0
+		return goMetric(t, metrics, "go_memstats_stack_inuse_bytes")
 	}
 	one := func() net.Conn {
 		c, err := net.Dial("tcp", addr)
