@@ -172,28 +172,44 @@ func TestTransparentPassthroughTLS(t *testing.T) {
 	}
 }
 
+// A destination that speaks first is passed through as server_first, its
+// greeting and the client's answer byte for byte; also when it speaks only
+// after the sniff timeout, to a client that then writes HTTP-looking text
+// (the destination spoke first: no late HTTP).
 func TestTransparentPassthroughServerFirst(t *testing.T) {
-	ln, got := echoServer(t, "220 smtp ready\r\n")
-	m := testMetrics(t)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
-		Metrics: m, SniffTimeout: 100 * time.Millisecond})
-	c, err := net.Dial("tcp", p.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
-	line, err := br.ReadString('\n')
-	if err != nil || line != "220 smtp ready\r\n" {
-		t.Fatalf("greeting %q, %v", line, err)
-	}
-	io.WriteString(c, "EHLO me\r\n")
-	if b := <-got; string(b) != "EHLO me\r\n" {
-		t.Fatalf("server got %q", b)
-	}
-	if n := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); n != 1 {
-		t.Errorf("passthrough{server_first} = %v, want 1", n)
+	for _, c := range []struct {
+		name, greeting, reply string
+		sniff                 time.Duration
+	}{
+		{"smtp", "220 smtp ready\r\n", "EHLO me\r\n", 100 * time.Millisecond},
+		{"http-looking reply", "220 ready\r\n", "HELP ME\r\n", 50 * time.Millisecond}, // a method and a space
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ln, got := echoServer(t, c.greeting)
+			m := testMetrics(t)
+			p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
+				Metrics: m, SniffTimeout: c.sniff})
+			cn, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cn.Close()
+			cn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(cn)
+			if line, err := br.ReadString('\n'); err != nil || line != c.greeting {
+				t.Fatalf("greeting %q, %v", line, err)
+			}
+			io.WriteString(cn, c.reply)
+			if b := <-got; string(b) != c.reply {
+				t.Fatalf("server got %q", b)
+			}
+			if n := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); n != 1 {
+				t.Errorf("passthrough{server_first} = %v, want 1", n)
+			}
+			if v := counterValue(t, m.lateHTTPs); v != 0 {
+				t.Errorf("late HTTP connections %v, want 0", v)
+			}
+		})
 	}
 }
 
@@ -483,35 +499,5 @@ func TestTransparentLateHTTPIsServed(t *testing.T) {
 	}
 	if v := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); v != 0 {
 		t.Errorf("passthrough{server_first} = %v, want 0", v)
-	}
-}
-
-// A destination that speaks first after the sniff timeout, with a client
-// that already wants to talk HTTP-looking text, is still a passthrough:
-// the destination spoke first.
-func TestTransparentServerFirstWinsOverLaterClient(t *testing.T) {
-	ln, got := echoServer(t, "220 ready\r\n")
-	m := testMetrics(t)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
-		Metrics: m, SniffTimeout: 50 * time.Millisecond})
-	c, err := net.Dial("tcp", p.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
-	if line, err := br.ReadString('\n'); err != nil || line != "220 ready\r\n" {
-		t.Fatalf("greeting %q, %v", line, err)
-	}
-	io.WriteString(c, "HELP ME\r\n") // looks like a method and a space
-	if b := <-got; string(b) != "HELP ME\r\n" {
-		t.Fatalf("server got %q", b)
-	}
-	if v := counterValue(t, m.passthrough.WithLabelValues(string(ProtoSilent))); v != 1 {
-		t.Errorf("passthrough{server_first} = %v, want 1", v)
-	}
-	if v := counterValue(t, m.lateHTTPs); v != 0 {
-		t.Errorf("late HTTP connections %v, want 0", v)
 	}
 }
