@@ -5,12 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +15,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +27,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/proxytest"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
@@ -222,7 +218,11 @@ func egretFamilies(t *testing.T) map[string]*family {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sendTraffic(t, pm, rm)
+	pol, err := policy.Parse("p.yaml", []byte("defaults: {backoff: {kind: full, base: 1ms, max: 5ms}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxytest.Traffic(t, proxy.StaticPolicy{P: pol}, pm, rm)
 	tmfs, err := traffic.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -269,81 +269,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// sendTraffic sends requests that end every way a request can end: relayed
-// at once, relayed after a retry, not sent (nothing listens), ambiguous (a
-// POST whose connection the upstream resets after reading it).
-func sendTraffic(t *testing.T, pm *proxy.Metrics, rm *retry.Metrics) {
-	t.Helper()
-	var n atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/flaky":
-			if n.Add(1) == 1 {
-				rw.WriteHeader(http.StatusServiceUnavailable)
-				return
-			}
-		case "/reset":
-			_, _ = io.Copy(io.Discard, r.Body)
-			c, _, err := http.NewResponseController(rw).Hijack()
-			if err == nil {
-				if tc, ok := c.(*net.TCPConn); ok {
-					_ = tc.SetLinger(0)
-				}
-				c.Close()
-			}
-			return
-		}
-		_, _ = io.WriteString(rw, "ok")
-	}))
-	defer up.Close()
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := closed.Addr().String()
-	closed.Close()
-
-	pol, err := policy.Parse("p.yaml", []byte("defaults: {backoff: {kind: full, base: 1ms, max: 5ms}}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := proxy.New(proxy.Config{
-		Mode: proxy.Explicit, Policy: proxy.StaticPolicy{P: pol}, Budgets: engine.NewBudgets(), Bulkheads: proxy.NewBulkheads(),
-		Traces: proxy.NewTraces(16), Metrics: pm, RetryMetrics: rm, Logger: quiet(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}()
-	purl, _ := url.Parse("http://" + ln.Addr().String())
-	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(purl)}}
-	do := func(method, target, wantOutcome string) {
-		req, _ := http.NewRequest(method, target, strings.NewReader("pay=1"))
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, target, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if got := resp.Header.Get("Egret-Outcome"); got != wantOutcome {
-			t.Errorf("%s %s: Egret-Outcome %q, want %q", method, target, got, wantOutcome)
-		}
-	}
-	do("GET", up.URL+"/ok", "")
-	do("GET", up.URL+"/flaky", "")
-	do("GET", "http://"+dead+"/", "not-sent")
-	do("POST", up.URL+"/reset", "ambiguous")
 }
 
 // obsConfig is what the checks need to know beside the metric families.

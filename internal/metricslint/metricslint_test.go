@@ -4,23 +4,16 @@
 package metricslint
 
 import (
-	"context"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/proxytest"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
@@ -49,48 +42,7 @@ func TestPromlintAllMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var n atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/flaky" && n.Add(1) == 1 {
-			rw.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = io.WriteString(rw, "ok")
-	}))
-	defer up.Close()
-	closed, _ := net.Listen("tcp", "127.0.0.1:0")
-	deadAddr := closed.Addr().String()
-	closed.Close()
-
-	srv, err := proxy.New(proxy.Config{
-		Mode: proxy.Explicit, Policy: w, Budgets: engine.NewBudgets(), Bulkheads: proxy.NewBulkheads(),
-		Traces: proxy.NewTraces(16), Metrics: pm, RetryMetrics: rm,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}()
-
-	purl, _ := url.Parse("http://" + ln.Addr().String())
-	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(purl)}}
-	for _, target := range []string{up.URL + "/ok", up.URL + "/flaky", "http://" + deadAddr + "/"} {
-		resp, err := client.Get(target)
-		if err != nil {
-			t.Fatalf("%s: %v", target, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	proxytest.Traffic(t, w, pm, rm)
 
 	mfs, err := reg.Gather()
 	if err != nil {

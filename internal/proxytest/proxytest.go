@@ -1,0 +1,99 @@
+// Package proxytest sends traffic through a real explicit-mode egret proxy,
+// for tests that look at what the traffic leaves behind: metric families,
+// traces. It is imported by tests only.
+package proxytest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/proxy"
+	"github.com/egret-proxy/egret/retry"
+)
+
+// Traffic runs an explicit-mode proxy.Server with pol, pm and rm (fresh
+// budgets, bulkheads and traces; logs dropped) on loopback and sends
+// through it requests that end every way a request can end: a GET relayed
+// at once, a GET relayed after a retry (its first answer a 503), a GET not
+// sent (nothing listens) and a POST whose connection the upstream resets
+// after reading it (ambiguous). An answer whose Egret-Outcome is not the
+// one its ending gives fails t. pol's backoff should be short: the retries
+// wait it.
+func Traffic(t testing.TB, pol proxy.PolicySource, pm *proxy.Metrics, rm *retry.Metrics) {
+	t.Helper()
+	var n atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/flaky":
+			if n.Add(1) == 1 {
+				rw.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+		case "/reset":
+			_, _ = io.Copy(io.Discard, r.Body)
+			c, _, err := http.NewResponseController(rw).Hijack()
+			if err == nil {
+				if tc, ok := c.(*net.TCPConn); ok {
+					_ = tc.SetLinger(0)
+				}
+				c.Close()
+			}
+			return
+		}
+		_, _ = io.WriteString(rw, "ok")
+	}))
+	defer up.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := closed.Addr().String()
+	closed.Close()
+
+	srv, err := proxy.New(proxy.Config{
+		Mode: proxy.Explicit, Policy: pol, Budgets: engine.NewBudgets(), Bulkheads: proxy.NewBulkheads(),
+		Traces: proxy.NewTraces(16), Metrics: pm, RetryMetrics: rm, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}()
+	purl, _ := url.Parse("http://" + ln.Addr().String())
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(purl)}}
+	defer client.CloseIdleConnections()
+	do := func(method, target, wantOutcome string) {
+		req, _ := http.NewRequest(method, target, strings.NewReader("pay=1"))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, target, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := resp.Header.Get("Egret-Outcome"); got != wantOutcome {
+			t.Errorf("%s %s: Egret-Outcome %q, want %q", method, target, got, wantOutcome)
+		}
+	}
+	do("GET", up.URL+"/ok", "")
+	do("GET", up.URL+"/flaky", "")
+	do("GET", "http://"+dead+"/", "not-sent")
+	do("POST", up.URL+"/reset", "ambiguous")
+}
