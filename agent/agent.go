@@ -27,6 +27,7 @@ import (
 	"net"
 	"net/netip"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -585,6 +586,26 @@ func (a *Agent) Upstreams() []UpstreamStatus {
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Upstream < out[j].Upstream })
 	return out
+}
+
+// FreeListenPort finds a TCP port free on both loopback addresses of the
+// calling thread's network namespace (free now: another may take it before
+// it is used), for a pod's listeners.
+func FreeListenPort() (uint16, error) {
+	for range 20 {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l6, err := net.Listen("tcp6", net.JoinHostPort("::1", strconv.Itoa(port)))
+		l.Close()
+		if err == nil {
+			l6.Close()
+			return uint16(port), nil
+		}
+	}
+	return 0, errors.New("agent: no port free on both 127.0.0.1 and ::1")
 }
 
 func listenAddrs(port uint16) (netip.AddrPort, netip.AddrPort) {

@@ -20,21 +20,11 @@ import (
 // freePort returns a port free on 127.0.0.1 and ::1 now.
 func freePort(t *testing.T) uint16 {
 	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l6, err := net.Listen("tcp6", net.JoinHostPort("::1", itoa(port)))
-		l.Close()
-		if err == nil {
-			l6.Close()
-			return uint16(port)
-		}
+	port, err := FreeListenPort()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port")
-	return 0
+	return port
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

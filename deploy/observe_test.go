@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -243,21 +242,11 @@ func egretFamilies(t *testing.T) map[string]*family {
 
 func freePort(t *testing.T) uint16 {
 	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l6, err := net.Listen("tcp6", net.JoinHostPort("::1", strconv.Itoa(port)))
-		l.Close()
-		if err == nil {
-			l6.Close()
-			return uint16(port)
-		}
+	port, err := agent.FreeListenPort()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no port free on both 127.0.0.1 and ::1")
-	return 0
+	return port
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

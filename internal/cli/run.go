@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -56,25 +54,6 @@ func randSuffix() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// freePort finds a TCP port free on both loopback addresses of the
-// current namespace.
-func freePort() (uint16, error) {
-	for range 20 {
-		l, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l6, err := net.Listen("tcp6", net.JoinHostPort("::1", strconv.Itoa(port)))
-		l.Close()
-		if err == nil {
-			l6.Close()
-			return uint16(port), nil
-		}
-	}
-	return 0, errors.New("no free port")
 }
 
 func runRun(c *cli.Context) error {
@@ -126,7 +105,7 @@ func runRun(c *cli.Context) error {
 	if port == 0 {
 		if err := r.ns.Do(func() error {
 			var err error
-			port, err = freePort()
+			port, err = agent.FreeListenPort()
 			return err
 		}); err != nil {
 			return cli.Exit(err.Error(), 1)
