@@ -8,8 +8,9 @@
 // collection costs CPU (mark workers, assists, sweeping) and starts and
 // ends with a stop of the world; on a busy machine a stop can last
 // milliseconds, as long as it takes the OS to run every thread of the
-// process, and every request in flight waits for it. A floor of a few tens
-// of MiB makes collections several times rarer for that much memory.
+// process, and every request in flight waits for it. egret's default floor,
+// 16 MiB over a live heap of about 4 MiB, makes them about 3 times rarer
+// for at most that much memory.
 //
 // How: after every collection (a cleanup on a sentinel object, re-armed each
 // time) the live heap and the roots (stacks and globals) it was scanned with
