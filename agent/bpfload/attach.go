@@ -256,11 +256,19 @@ func (l *Loader) attachCgroup(kind, cgroupPath string, id uint64) error {
 		path := filepath.Join(dir, name)
 		if old, err := link.LoadPinnedLink(path, nil); err == nil {
 			err = old.Update(p.prog)
+			if errors.Is(err, unix.ENOLINK) {
+				// Severed: pinned for an earlier cgroup that is gone.
+				// A fresh link replaces it below.
+				_ = old.Unpin()
+				err = nil
+			} else if err == nil {
+				old.Close()
+				continue
+			}
 			old.Close()
 			if err != nil {
 				return fmt.Errorf("bpfload: update %s: %w", path, err)
 			}
-			continue
 		}
 		lk, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: p.attach, Program: p.prog})
 		if err != nil {
@@ -277,6 +285,13 @@ func (l *Loader) attachCgroup(kind, cgroupPath string, id uint64) error {
 
 // updatePinnedCgroupLinks switches links pinned by an earlier agent to the
 // programs just loaded (atomically; the cgroups are never unprotected).
+//
+// A link whose cgroup is gone is severed: the kernel detached it when the
+// cgroup was removed, and updating it fails with ENOLINK. That is the
+// normal state of a dead agent's own cgroup (a restarted container gets a
+// new one) and of a pod deleted while no agent ran. Such links are unpinned
+// with the rest of that cgroup's pinned state (and, for a pod, its config,
+// exclusions and tuples) and reported by Stale; they never stop the load.
 func (l *Loader) updatePinnedCgroupLinks() error {
 	for _, kind := range []string{"pod", "self"} {
 		ids, err := pinnedIDs(filepath.Join(l.pinDir, "links", kind))
@@ -284,6 +299,7 @@ func (l *Loader) updatePinnedCgroupLinks() error {
 			return err
 		}
 		for _, id := range ids {
+			severed := false
 			for name, p := range l.cgroupPrograms(kind) {
 				path := filepath.Join(l.linkDir(kind, id), name)
 				old, err := link.LoadPinnedLink(path, nil)
@@ -292,13 +308,46 @@ func (l *Loader) updatePinnedCgroupLinks() error {
 				}
 				err = old.Update(p.prog)
 				old.Close()
+				if errors.Is(err, unix.ENOLINK) {
+					severed = true
+					continue
+				}
 				if err != nil {
 					return fmt.Errorf("bpfload: adopt %s: %w", path, err)
 				}
 			}
+			if !severed {
+				continue
+			}
+			err := l.unpinCgroupLinks(kind, id)
+			if kind == "pod" {
+				err = errors.Join(err, l.deletePodState(id))
+			}
+			if err != nil {
+				return fmt.Errorf("bpfload: remove the pinned state of gone cgroup %d: %w", id, err)
+			}
+			l.stale = append(l.stale, StaleCgroup{Kind: kind, ID: id})
 		}
 	}
 	return nil
+}
+
+// StaleCgroup is pinned state that Load found for a cgroup that no longer
+// exists, and removed.
+type StaleCgroup struct {
+	// Kind is "pod" (a pod's connect4/6 and sockops links, config,
+	// exclusions and tuples) or "self" (an earlier agent's own cgroup:
+	// getsockopt and sockops links).
+	Kind string
+	// ID is the gone cgroup's id.
+	ID uint64
+}
+
+// Stale returns what Load removed because its cgroup was gone.
+func (l *Loader) Stale() []StaleCgroup {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]StaleCgroup(nil), l.stale...)
 }
 
 func (l *Loader) unpinCgroupLinks(kind string, id uint64) error {

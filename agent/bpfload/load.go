@@ -77,6 +77,7 @@ type Loader struct {
 	mu     sync.Mutex
 	objs   bpf.EgretObjects
 	trace  map[string]link.Link
+	stale  []StaleCgroup
 	closed bool
 }
 

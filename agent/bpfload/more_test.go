@@ -362,3 +362,109 @@ func TestAttachSelfRemovesEarlierAgentsLinks(t *testing.T) {
 		t.Fatal("a second AttachSelf of the same cgroup detached it")
 	}
 }
+
+// An agent whose container was replaced finds the links its predecessor
+// pinned for its own cgroup severed (the kernel detaches a cgroup's links
+// when the cgroup is removed), and so are those of a pod deleted while no
+// agent ran. Load removes that state and goes on: before, it failed with
+// "adopt …: update link: link has been severed" and the DaemonSet's agent
+// crash-looped after its first restart on a real node.
+func TestLoadRemovesStateOfGoneCgroups(t *testing.T) {
+	testenv.RequireRoot(t)
+	cg := bpftest.NewCgroups(t)
+	oldSelf, gonePod, livePod := cg.Sub(t, "egret-old"), cg.Sub(t, "pod-gone"), cg.Sub(t, "pod-live")
+	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	l1, err := bpfload.Load(bpfload.Options{PinDir: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.AttachSelf(oldSelf); err != nil {
+		t.Fatal(err)
+	}
+	cfg := bpfload.PodConfig{Listen4: netip.MustParseAddrPort("127.0.0.1:15001"), ExcludePrefixes: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}
+	goneID, err := l1.AttachPod(gonePod, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveID, err := l1.AttachPod(livePod, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldID, _ := bpfload.CgroupID(oldSelf)
+	l1.Close() // the agent dies; its pins stay
+	// Its container's cgroup goes, and so does a pod's.
+	for _, c := range []string{oldSelf, gonePod} {
+		if err := os.Remove(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	l2, err := bpfload.Load(bpfload.Options{PinDir: pin})
+	if err != nil {
+		t.Fatalf("Load after the cgroups went: %v", err)
+	}
+	var ids []uint32
+	for _, id := range l2.ProgramIDs() {
+		ids = append(ids, uint32(id))
+	}
+	defer func() {
+		if err := l2.Remove(); err != nil {
+			t.Error(err)
+		}
+		l2.Close()
+		if err := bpftest.NothingLeft(pin, nil, []string{livePod}, ids); err != nil {
+			t.Error(err)
+		}
+	}()
+	stale := l2.Stale()
+	want := map[bpfload.StaleCgroup]bool{{Kind: "pod", ID: goneID}: true, {Kind: "self", ID: oldID}: true}
+	if len(stale) != len(want) {
+		t.Fatalf("Stale() = %v, want %v", stale, want)
+	}
+	for _, s := range stale {
+		if !want[s] {
+			t.Fatalf("Stale() = %v, want %v", stale, want)
+		}
+	}
+	for _, p := range []string{
+		filepath.Join(pin, "links", "self", strconv.FormatUint(oldID, 10)),
+		filepath.Join(pin, "links", "pod", strconv.FormatUint(goneID, 10)),
+	} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s still pinned: %v", p, err)
+		}
+	}
+	pods, err := l2.Pods()
+	if err != nil || len(pods) != 1 || pods[0] != liveID {
+		t.Fatalf("Pods() = %v, %v; want only the live pod %d", pods, err, liveID)
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pin, "egret_pods"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var pc bpf.EgretPodConfig
+	if err := m.Lookup(goneID, &pc); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("the gone pod's config: %v", err)
+	}
+	if err := m.Lookup(liveID, &pc); err != nil {
+		t.Errorf("the live pod's config: %v", err)
+	}
+	// The live pod's links were adopted: still attached, now to l2's programs.
+	got, err := bpftest.AttachedPrograms(livePod)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("live pod's programs: %v %v", got, err)
+	}
+	mine := map[uint32]bool{}
+	for _, id := range ids {
+		mine[id] = true
+	}
+	for _, id := range got {
+		if !mine[id] {
+			t.Errorf("live pod runs program %d, not the new loader's %v", id, ids)
+		}
+	}
+	if err := l2.DetachPod(livePod); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -163,6 +163,9 @@ func runAgent(c *cli.Context) error {
 		return kernelError(err)
 	}
 	adopted, _ := l.Pods()
+	for _, s := range l.Stale() {
+		log.Info("removed pinned eBPF state of a cgroup that is gone", "kind", s.Kind, "cgroup_id", s.ID)
+	}
 
 	a, err = agent.New(agent.Config{
 		Attacher:      l,
