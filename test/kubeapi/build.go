@@ -31,35 +31,52 @@ const (
 var programs = []struct{ pkg, out, name string }{
 	{"k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver", "kube-apiserver"},
 	{"go.etcd.io/etcd/server/v3", "server", "etcd"},
+	{"k8s.io/kubernetes/cmd/kubelet", "kubelet", "kubelet"},
+	{"k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager", "kube-controller-manager"},
+	{"k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler", "kube-scheduler"},
 }
 
-var (
-	binMu   sync.Mutex
-	binDone bool
-	binAPI  string
-	binEtcd string
-	binErr  error
+// Program names for Programs.
+const (
+	APIServer         = "kube-apiserver"
+	Etcd              = "etcd"
+	Kubelet           = "kubelet"
+	ControllerManager = "kube-controller-manager"
+	Scheduler         = "kube-scheduler"
 )
+
+var binMu sync.Mutex
 
 // Binaries returns the paths of kube-apiserver and etcd, building them
 // from the tools module the first time on a machine (minutes; see
-// README.md). The binaries are kept under the user cache directory by the
-// hash of the tools module's go.sum, and a file lock makes concurrent test
-// processes wait for one build. A missing go command or a failed build
-// skips the test, or fails it under CI (internal/testenv).
+// README.md). EGRET_KUBE_APISERVER and EGRET_ETCD name prebuilt ones
+// instead.
 func Binaries(t testing.TB) (apiserver, etcd string) {
 	t.Helper()
 	if a, e := os.Getenv(EnvAPIServer), os.Getenv(EnvEtcd); a != "" && e != "" {
 		return a, e
 	}
+	p := Programs(t, APIServer, Etcd)
+	return p[APIServer], p[Etcd]
+}
+
+// Programs returns the paths of the named programs (APIServer, Etcd,
+// Kubelet, ControllerManager, Scheduler), building those not built yet
+// from the tools module in one go build. The binaries are kept under the
+// user cache directory by the hash of the tools module's go.sum, and a
+// file lock makes concurrent test processes wait for one build. The build
+// reports its start and end on standard error, and on /dev/tty when there
+// is one (go test keeps a passing package's output to itself). A missing go
+// command or a failed build skips the test, or fails it under CI
+// (internal/testenv).
+func Programs(t testing.TB, names ...string) map[string]string {
+	t.Helper()
 	binMu.Lock()
 	defer binMu.Unlock()
-	if !binDone {
-		binAPI, binEtcd, binErr = build(t)
-		binDone = true
-	}
-	testenv.Require(t, binErr == nil, fmt.Sprintf("kube-apiserver and etcd built from test/kubeapi/tools: %v", binErr))
-	return binAPI, binEtcd
+	key := strings.Join(names, ",")
+	paths, err := Build(names...)
+	testenv.Require(t, err == nil, fmt.Sprintf("%s built from test/kubeapi/tools: %v", key, err))
+	return paths
 }
 
 // ToolsDir is the tools module's directory (beside this file).
@@ -113,51 +130,84 @@ func ldflags() (string, error) {
 		pkg, v, pkg, parts[0], pkg, parts[1], pkg), nil
 }
 
-func build(t testing.TB) (string, string, error) {
+// Build is Programs without a test: it returns the paths of the named
+// programs, building those missing (all of them if names is empty).
+// `go run ./test/kubeapi/cmd/kubetools` calls it, so that a first run
+// builds with its progress in sight instead of inside a test's timeout.
+func Build(names ...string) (map[string]string, error) {
+	if len(names) == 0 {
+		for _, p := range programs {
+			names = append(names, p.name)
+		}
+	}
 	dir, err := CacheDir()
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
-	api, etcd := filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "etcd")
-	if present(api, etcd) {
-		return api, etcd, nil
+	paths := map[string]string{}
+	var want []string
+	for _, n := range names {
+		found := false
+		for _, p := range programs {
+			if p.name == n {
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("no program %q in the tools module", n)
+		}
+		paths[n] = filepath.Join(dir, n)
+		want = append(want, paths[n])
+	}
+	if present(want...) {
+		return paths, nil
 	}
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
-		return "", "", fmt.Errorf("the go command is needed to build them: %w", err)
+		return nil, fmt.Errorf("the go command is needed to build them: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", "", err
+		return nil, err
 	}
 	// One build per machine: other test processes wait here.
 	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
 	defer lock.Close()
 	waitStart := time.Now()
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return "", "", fmt.Errorf("lock %s: %w", lock.Name(), err)
+		return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
 	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN)
-	if present(api, etcd) {
-		t.Logf("kubeapi: waited %v for another process's build of kube-apiserver and etcd", time.Since(waitStart).Round(time.Second))
-		return api, etcd, nil
+	var missing []struct{ pkg, out, name string }
+	for _, p := range programs {
+		if _, ok := paths[p.name]; ok && !present(paths[p.name]) {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		progress(fmt.Sprintf("kubeapi: waited %v for another process's build", time.Since(waitStart).Round(time.Second)))
+		return paths, nil
 	}
 
 	tmp, err := os.MkdirTemp(dir, "build-")
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	fmt.Fprintf(os.Stderr, "kubeapi: building kube-apiserver and etcd in %s (once per machine; cold: minutes)\n", ToolsDir())
+	var what []string
+	for _, p := range missing {
+		what = append(what, p.name)
+	}
+	progress(fmt.Sprintf("kubeapi: building %s in %s (once per machine; cold: minutes, see test/kubeapi/README.md)", strings.Join(what, ", "), ToolsDir()))
 	start := time.Now()
 	flags, err := ldflags()
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
 	args := []string{"build", "-ldflags", flags, "-o", tmp + string(filepath.Separator)}
-	for _, p := range programs {
+	for _, p := range missing {
 		args = append(args, p.pkg)
 	}
 	cmd := exec.Command(goCmd, args...)
@@ -168,18 +218,31 @@ func build(t testing.TB) (string, string, error) {
 	out, err := cmd.CombinedOutput()
 	took := time.Since(start)
 	if err != nil {
-		return "", "", fmt.Errorf("go build (after %v): %v: %s", took.Round(time.Second), err, strings.TrimSpace(string(out)))
+		return nil, fmt.Errorf("go build (after %v): %v: %s", took.Round(time.Second), err, strings.TrimSpace(string(out)))
 	}
-	for _, p := range programs {
+	for _, p := range missing {
 		if err := os.Rename(filepath.Join(tmp, p.out), filepath.Join(dir, p.name)); err != nil {
-			return "", "", err
+			return nil, err
 		}
 	}
-	info := fmt.Sprintf("built %s in %v with %s\n", time.Now().UTC().Format(time.RFC3339), took.Round(time.Second), runtime.Version())
-	_ = os.WriteFile(filepath.Join(dir, "BUILD"), []byte(info), 0o644)
-	t.Logf("kubeapi: built kube-apiserver and etcd in %v (cached in %s)", took.Round(time.Second), dir)
-	fmt.Fprintf(os.Stderr, "kubeapi: built kube-apiserver and etcd in %v\n", took.Round(time.Second))
-	return api, etcd, nil
+	info := fmt.Sprintf("built %s in %v with %s: %s\n", time.Now().UTC().Format(time.RFC3339), took.Round(time.Second), runtime.Version(), strings.Join(what, ", "))
+	if f, err := os.OpenFile(filepath.Join(dir, "BUILD"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+		_, _ = f.WriteString(info)
+		f.Close()
+	}
+	progress(fmt.Sprintf("kubeapi: built %s in %v (cached in %s)", strings.Join(what, ", "), took.Round(time.Second), dir))
+	return paths, nil
+}
+
+// progress tells a person waiting on a long build what is happening: on
+// standard error, and on the controlling terminal when there is one,
+// since go test shows a passing package's output only with -v.
+func progress(msg string) {
+	fmt.Fprintln(os.Stderr, msg)
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		fmt.Fprintln(tty, msg)
+		tty.Close()
+	}
 }
 
 func present(paths ...string) bool {

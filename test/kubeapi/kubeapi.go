@@ -78,7 +78,7 @@ type Cluster struct {
 	// and etcd's data; removed at the end of the test.
 	Dir string
 
-	etcd, api *proc
+	etcd, api *Proc
 }
 
 // Start runs etcd and kube-apiserver for the test, waits until the
@@ -126,7 +126,7 @@ func (c *Cluster) startEtcd(bin string) error {
 	peerURL := "http://127.0.0.1:" + peer
 	data := filepath.Join(c.Dir, "etcd")
 	_ = os.RemoveAll(data)
-	p, err := startProc("etcd", bin, filepath.Join(c.Dir, "etcd.log"),
+	p, err := StartProc("etcd", bin, filepath.Join(c.Dir, "etcd.log"),
 		"--name=egret-test",
 		"--data-dir="+data,
 		"--listen-client-urls="+c.EtcdURL,
@@ -142,7 +142,7 @@ func (c *Cluster) startEtcd(bin string) error {
 	}
 	c.etcd = p
 	hc := &http.Client{Timeout: 2 * time.Second}
-	return p.waitFor(30*time.Second, func() bool {
+	return p.WaitFor(30*time.Second, func() bool {
 		resp, err := hc.Get(c.EtcdURL + "/health")
 		if err != nil {
 			return false
@@ -191,7 +191,7 @@ func (c *Cluster) startAPIServer(bin string, o Options) error {
 		"--allow-privileged=true",
 		"--profiling=false",
 	}
-	p, err := startProc("kube-apiserver", bin, filepath.Join(c.Dir, "kube-apiserver.log"), append(args, o.APIServerArgs...)...)
+	p, err := StartProc("kube-apiserver", bin, filepath.Join(c.Dir, "kube-apiserver.log"), append(args, o.APIServerArgs...)...)
 	if err != nil {
 		return err
 	}
@@ -210,7 +210,7 @@ func (c *Cluster) startAPIServer(bin string, o Options) error {
 		return err
 	}
 	c.Client = cs
-	if err := p.waitFor(90*time.Second, func() bool {
+	if err := p.WaitFor(90*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
@@ -273,7 +273,7 @@ func (c *Cluster) Namespace(t testing.TB) string {
 // PIDs returns the process ids of etcd and kube-apiserver.
 func (c *Cluster) PIDs() []int {
 	var pids []int
-	for _, p := range []*proc{c.etcd, c.api} {
+	for _, p := range []*Proc{c.etcd, c.api} {
 		if p != nil {
 			pids = append(pids, p.cmd.Process.Pid)
 		}
@@ -292,9 +292,9 @@ func (c *Cluster) stop(t testing.TB) {
 		t.Logf("kubeapi: kube-apiserver log (last lines):\n%s", c.LogTail("kube-apiserver", 40))
 	}
 	// The apiserver first: it would complain about a vanished etcd.
-	for _, p := range []*proc{c.api, c.etcd} {
+	for _, p := range []*Proc{c.api, c.etcd} {
 		if p != nil {
-			if err := p.stop(); err != nil {
+			if err := p.Stop(); err != nil {
 				t.Errorf("kubeapi: %v", err)
 			}
 		}
@@ -302,11 +302,11 @@ func (c *Cluster) stop(t testing.TB) {
 	c.api, c.etcd = nil, nil
 }
 
-// proc is a server process. It is started on a goroutine locked to its OS
-// thread for the process's life: the child gets SIGKILL when the test
-// process dies (Pdeathsig, which follows the thread that forked), so a
-// test binary killed by its timeout leaves no apiserver behind.
-type proc struct {
+// Proc is a server process of a test. It is started on a goroutine locked
+// to its OS thread for the process's life: the child gets SIGKILL when the
+// test process dies (Pdeathsig, which follows the thread that forked), so
+// a test binary killed by its timeout leaves no server behind.
+type Proc struct {
 	name string
 	cmd  *exec.Cmd
 	log  string
@@ -314,13 +314,15 @@ type proc struct {
 	err  error
 }
 
-func startProc(name, bin, logPath string, args ...string) (*proc, error) {
+// StartProc starts bin with args, its output appended to logPath; name is
+// for messages.
+func StartProc(name, bin, logPath string, args ...string) (*Proc, error) {
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer lf.Close()
-	p := &proc{name: name, cmd: exec.Command(bin, args...), log: logPath, done: make(chan struct{})}
+	p := &Proc{name: name, cmd: exec.Command(bin, args...), log: logPath, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = lf, lf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	started := make(chan error, 1)
@@ -342,8 +344,8 @@ func startProc(name, bin, logPath string, args ...string) (*proc, error) {
 	return p, nil
 }
 
-// waitFor polls ready until it is true, the process exits or timeout.
-func (p *proc) waitFor(timeout time.Duration, ready func() bool) error {
+// WaitFor polls ready until it is true, the process exits or timeout.
+func (p *Proc) WaitFor(timeout time.Duration, ready func() bool) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		if ready() {
@@ -367,8 +369,14 @@ func (p *proc) waitFor(timeout time.Duration, ready func() bool) error {
 	}
 }
 
-// stop ends the process: SIGTERM, then SIGKILL after 15 s.
-func (p *proc) stop() error {
+// Pid is the process's id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Stop ends the process: SIGTERM, then SIGKILL after 15 s.
+func (p *Proc) Stop() error {
 	select {
 	case <-p.done:
 		return nil

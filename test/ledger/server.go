@@ -34,6 +34,13 @@ func (s *Server) Listen(network, address string) (net.Addr, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.Serve(ln)
+}
+
+// Serve serves HTTP/1.1 and HTTP/2 with prior knowledge on ln (a listener
+// made elsewhere, for example inside another network namespace) until the
+// server is closed, and returns its address.
+func (s *Server) Serve(ln net.Listener) (net.Addr, error) {
 	if !s.addListener(ln) {
 		ln.Close()
 		return nil, net.ErrClosed
