@@ -109,9 +109,22 @@ type Config struct {
 	TracesPerPod int
 	// WrapDial, if set, wraps each pod's upstream dialer (tests).
 	WrapDial func(pod string, d proxy.DialFunc) proxy.DialFunc
+	// Reporter, if set, is told of each request a pod's proxy answered
+	// ambiguous (the Kubernetes source records a Warning Event on the
+	// pod).
+	Reporter Reporter
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+}
+
+// Reporter is told what a pod's owner should hear of. Its methods must
+// not block for long: a pod's reports are delivered in order from one
+// goroutine, and those that find it behind are dropped.
+type Reporter interface {
+	// Ambiguous: egret could not tell whether request tr of pod ran
+	// upstream (and so did not retry it).
+	Ambiguous(pod string, tr retry.Trace)
 }
 
 // Pod states.
@@ -467,8 +480,19 @@ func (a *Agent) collect() {
 	}
 }
 
+// SetCleanupOnExit changes Config.CleanupOnExit before Run ends: the
+// caller decides at stop time whether the pinned state goes (an
+// uninstall) or stays for the next agent (a restart). Call it before
+// cancelling Run's context.
+func (a *Agent) SetCleanupOnExit(cleanup bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.cfg.CleanupOnExit = cleanup
+}
+
 func (a *Agent) stopAll() {
 	a.mu.Lock()
+	cleanup := a.cfg.CleanupOnExit
 	all := make([]*podState, 0, len(a.pods))
 	for _, ps := range a.pods {
 		all = append(all, ps)
@@ -480,12 +504,12 @@ func (a *Agent) stopAll() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.stopPod(ps, a.cfg.CleanupOnExit)
+			a.stopPod(ps, cleanup)
 		}()
 	}
 	wg.Wait()
 	a.drains.Wait()
-	if a.cfg.CleanupOnExit && a.cfg.SelfCgroup != "" {
+	if cleanup && a.cfg.SelfCgroup != "" {
 		if err := a.cfg.Attacher.DetachSelf(a.cfg.SelfCgroup); err != nil {
 			a.log.Error("detach egret's own cgroup", "err", err)
 		}

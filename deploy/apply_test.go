@@ -41,6 +41,10 @@ func create(ctx context.Context, c kubernetes.Interface, obj runtime.Object) (ru
 		return c.RbacV1().ClusterRoles().Create(ctx, o, opts)
 	case *rbacv1.ClusterRoleBinding:
 		return c.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
+	case *rbacv1.Role:
+		return c.RbacV1().Roles(o.Namespace).Create(ctx, o, opts)
+	case *rbacv1.RoleBinding:
+		return c.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, opts)
 	case *appsv1.DaemonSet:
 		return c.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
 	}
@@ -65,6 +69,10 @@ func get(ctx context.Context, c kubernetes.Interface, obj runtime.Object) (runti
 		return c.RbacV1().ClusterRoles().Get(ctx, name, opts)
 	case *rbacv1.ClusterRoleBinding:
 		return c.RbacV1().ClusterRoleBindings().Get(ctx, name, opts)
+	case *rbacv1.Role:
+		return c.RbacV1().Roles(ns).Get(ctx, name, opts)
+	case *rbacv1.RoleBinding:
+		return c.RbacV1().RoleBindings(ns).Get(ctx, name, opts)
 	case *appsv1.DaemonSet:
 		return c.AppsV1().DaemonSets(ns).Get(ctx, name, opts)
 	}
@@ -199,6 +207,45 @@ func TestApplyToAPIServer(t *testing.T) {
 	}
 	checkSourceRuns(ctx, t, c.Client, agentCore, c.Namespace(t))
 	checkNothingMore(ctx, t, agentClient, sa.Namespace)
+	checkInstallWatch(ctx, t, c.Client, agentCfg, agentCore, ds)
+}
+
+// checkInstallWatch runs kube.WatchInstall as the agent, for an agent pod
+// the DaemonSet controls (made by hand: no controller runs here): with
+// the DaemonSet in place a stop is a restart; once it is deleted, an
+// uninstall.
+func checkInstallWatch(ctx context.Context, t *testing.T, admin kubernetes.Interface, agentCfg *rest.Config, agentCore rest.Interface, ds *appsv1.DaemonSet) {
+	t.Helper()
+	stored, err := admin.AppsV1().DaemonSets(ds.Namespace).Get(ctx, ds.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes := true
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "egret-agent-x", Namespace: ds.Namespace, OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: stored.UID, Controller: &yes}}},
+		Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "agent", Image: "example.invalid/egret"}}},
+	}
+	if _, err := admin.CoreV1().Pods(ds.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := kube.WatchInstall(ctx, agentCfg, agentCore, ds.Namespace, pod.Name)
+	if err != nil {
+		t.Fatalf("WatchInstall as the agent: %v", err)
+	}
+	defer inst.Close()
+	if inst.DaemonSet != ds.Name {
+		t.Errorf("WatchInstall found DaemonSet %q", inst.DaemonSet)
+	}
+	if removed, why := inst.Removed(ctx); removed {
+		t.Errorf("DaemonSet in place: Removed = true (%s)", why)
+	}
+	if err := admin.AppsV1().DaemonSets(ds.Namespace).Delete(ctx, ds.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if removed, why := inst.Removed(ctx); !removed || !strings.Contains(why, "gone") {
+		t.Errorf("DaemonSet deleted: Removed = %v (%s)", removed, why)
+	}
 }
 
 // checkSourceRuns runs egret's Kubernetes pod source as the agent: a pod
@@ -337,6 +384,16 @@ func checkNothingMore(ctx context.Context, t *testing.T, c kubernetes.Interface,
 			return c.CoreV1().Events(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		},
 		"list events": func() error { _, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{}); return err },
+		"get another namespace": func() error {
+			_, err := c.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+			return err
+		},
+		"list namespaces": func() error { _, err := c.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); return err },
+		"list daemonsets": func() error { _, err := c.AppsV1().DaemonSets(ns).List(ctx, metav1.ListOptions{}); return err },
+		"get another daemonset": func() error {
+			_, err := c.AppsV1().DaemonSets(ns).Get(ctx, "other", metav1.GetOptions{})
+			return err
+		},
 		"update daemonset": func() error {
 			_, err := c.AppsV1().DaemonSets(ns).Update(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "egret"}}, metav1.UpdateOptions{})
 			return err

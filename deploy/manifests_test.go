@@ -205,7 +205,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	for _, o := range objs {
 		kinds[reflect.TypeOf(o.obj).Elem().Name()]++
 	}
-	want := map[string]int{"Namespace": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 1, "DaemonSet": 1}
+	want := map[string]int{"Namespace": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "ConfigMap": 1, "DaemonSet": 1}
 	if !reflect.DeepEqual(kinds, want) {
 		t.Errorf("objects %v, want %v", kinds, want)
 	}
@@ -752,44 +752,89 @@ func TestExportedDiffFindsADifference(t *testing.T) {
 }
 
 // The source lists and watches its node's pods and records Warning Events
-// on pods whose annotations it refuses; that is all the agent may do.
+// on pods whose annotations it refuses; the agent reads its own namespace
+// and DaemonSet, by name, to tell an uninstall from a restart
+// (kube.WatchInstall); that is all the agent may do.
 func TestRBACIsWhatTheSourceNeeds(t *testing.T) {
 	objs := loadManifests(t)
 	role := only[*rbacv1.ClusterRole](t, objs)
 	binding := only[*rbacv1.ClusterRoleBinding](t, objs)
+	nsRole := only[*rbacv1.Role](t, objs)
+	nsBinding := only[*rbacv1.RoleBinding](t, objs)
 	sa := only[*corev1.ServiceAccount](t, objs)
+	ds := only[*appsv1.DaemonSet](t, objs)
 
-	want := map[string][]string{
-		"/pods":   {"get", "list", "watch"},
-		"/events": {"create", "patch"},
-	}
-	got := map[string][]string{}
-	for _, r := range role.Rules {
-		if len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
-			t.Errorf("rule %+v: resourceNames or nonResourceURLs", r)
-		}
-		for _, g := range r.APIGroups {
-			for _, res := range r.Resources {
-				k := g + "/" + res
-				got[k] = append(got[k], r.Verbs...)
+	grants := func(rules []rbacv1.PolicyRule) map[string][]string {
+		got := map[string][]string{}
+		for _, r := range rules {
+			if len(r.NonResourceURLs) != 0 {
+				t.Errorf("rule %+v: nonResourceURLs", r)
+			}
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					k := g + "/" + res
+					if len(r.ResourceNames) > 0 {
+						k += "/" + strings.Join(r.ResourceNames, ",")
+					}
+					got[k] = append(got[k], r.Verbs...)
+				}
 			}
 		}
+		for k := range got {
+			slices.Sort(got[k])
+			got[k] = slices.Compact(got[k])
+		}
+		return got
 	}
-	for k := range got {
-		slices.Sort(got[k])
-		got[k] = slices.Compact(got[k])
+	want := map[string][]string{
+		"/pods":                       {"get", "list", "watch"},
+		"/events":                     {"create", "patch"},
+		"/namespaces/" + sa.Namespace: {"get", "list", "watch"},
 	}
 	for k := range want {
 		slices.Sort(want[k])
 	}
-	if !reflect.DeepEqual(got, want) {
+	if got := grants(role.Rules); !reflect.DeepEqual(got, want) {
 		t.Errorf("ClusterRole %s grants %v, want exactly %v", role.Name, got, want)
+	}
+	wantNS := map[string][]string{"apps/daemonsets/" + ds.Name: {"get", "list", "watch"}}
+	if got := grants(nsRole.Rules); !reflect.DeepEqual(got, wantNS) {
+		t.Errorf("Role %s grants %v, want exactly %v", nsRole.Name, got, wantNS)
+	}
+	if nsRole.Namespace != ds.Namespace {
+		t.Errorf("Role in %s, the DaemonSet in %s", nsRole.Namespace, ds.Namespace)
 	}
 	if binding.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name}) {
 		t.Errorf("binding's roleRef %+v", binding.RoleRef)
 	}
-	if len(binding.Subjects) != 1 || binding.Subjects[0] != (rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: sa.Namespace}) {
-		t.Errorf("binding's subjects %+v, want the ServiceAccount %s/%s alone", binding.Subjects, sa.Namespace, sa.Name)
+	if nsBinding.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: nsRole.Name}) {
+		t.Errorf("role binding's roleRef %+v", nsBinding.RoleRef)
+	}
+	for _, subjects := range [][]rbacv1.Subject{binding.Subjects, nsBinding.Subjects} {
+		if len(subjects) != 1 || subjects[0] != (rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: sa.Namespace}) {
+			t.Errorf("binding's subjects %+v, want the ServiceAccount %s/%s alone", subjects, sa.Namespace, sa.Name)
+		}
+	}
+}
+
+// POD_NAME and POD_NAMESPACE come from the downward API: the agent finds
+// its DaemonSet through its own pod.
+func TestOwnPodFromDownwardAPI(t *testing.T) {
+	ds := only[*appsv1.DaemonSet](t, loadManifests(t))
+	c := agentContainer(t, ds)
+	want := map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+	for _, e := range c.Env {
+		path, ok := want[e.Name]
+		if !ok {
+			continue
+		}
+		delete(want, e.Name)
+		if e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != path {
+			t.Errorf("%s is %+v, want valueFrom.fieldRef.fieldPath %s", e.Name, e, path)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("not set: %v", want)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/agent/pods/kube"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
@@ -110,13 +111,18 @@ func runAgent(c *cli.Context) error {
 		file *pods.File
 		desc []any
 	)
+	var install *kube.Install
+	var reporter agent.Reporter
 	if c.Bool("kubernetes") {
-		ks, d, stopRec, err := kubeSource(c, log, func(err error) { a.SourceError(err) })
+		ks, d, stopRec, inst, err := kubeSource(c, log, func(err error) { a.SourceError(err) })
 		if err != nil {
 			return err
 		}
 		defer stopRec()
-		src, desc = ks, d
+		src, desc, install, reporter = ks, d, inst, ks
+		if install != nil {
+			defer install.Close()
+		}
 	} else {
 		file, err = pods.NewFile(c.String("pods"))
 		if err != nil {
@@ -177,6 +183,7 @@ func runAgent(c *cli.Context) error {
 		Policy:        pol,
 		ShutdownGrace: c.Duration("grace"),
 		CleanupOnExit: c.Bool("cleanup"),
+		Reporter:      reporter,
 		Logger:        log,
 		Registerer:    reg,
 	})
@@ -207,8 +214,36 @@ func runAgent(c *cli.Context) error {
 	log.Info("egret agent running", append(desc, "pin_dir", l.PinDir(),
 		"cgroup", self, "listen_port", port, "adopted_pods", len(adopted), "admin", c.String("admin"))...)
 
-	runErr := a.Run(ctx)
-	if c.Bool("cleanup") {
+	// The agent runs until the signal; then, unless --cleanup says
+	// already, its DaemonSet tells whether this is an uninstall (remove the
+	// pinned state) or a restart (leave it for the next agent).
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	cleanup := c.Bool("cleanup")
+	decided := make(chan struct{})
+	go func() {
+		defer close(decided)
+		select {
+		case <-ctx.Done():
+		case <-runCtx.Done():
+			return
+		}
+		if !cleanup && install != nil {
+			removed, why := install.Removed(context.Background())
+			if removed {
+				cleanup = true
+				a.SetCleanupOnExit(true)
+				log.Info("egret is being uninstalled: removing its eBPF state", "why", why)
+			} else {
+				log.Info("restart, not uninstall: the pinned eBPF state stays for the next agent", "why", why)
+			}
+		}
+		stopRun()
+	}()
+	runErr := a.Run(runCtx)
+	stopRun()
+	<-decided
+	if cleanup {
 		if err := l.Remove(); err != nil {
 			log.Error("remove pinned state", "err", err)
 		}
@@ -217,7 +252,7 @@ func runAgent(c *cli.Context) error {
 		log.Info("egret agent stopped; pinned eBPF state left for the next agent (pods go direct meanwhile)", "pin_dir", l.PinDir())
 	}
 	l.Close()
-	if c.Bool("cleanup") && self != orig && errors.Is(statErr, os.ErrNotExist) {
+	if cleanup && self != orig && errors.Is(statErr, os.ErrNotExist) {
 		// The agent made its own cgroup: leave it and remove it.
 		if err := agent.EnterCgroup(orig); err == nil {
 			_ = os.Remove(self)

@@ -27,6 +27,8 @@ func agentKubeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "cgroup-driver", Value: string(kube.DriverAuto), Usage: "the kubelet's cgroup `DRIVER` for --kubernetes: auto, cgroupfs or systemd"},
 		&cli.StringFlag{Name: "cgroup-root", Value: bpfload.CgroupRoot, Usage: "`DIR` where cgroup v2 is mounted, under which --kubernetes looks for the pods' cgroups"},
 		&cli.StringFlag{Name: "kubelet-cgroup-root", Usage: "the kubelet's --cgroup-root `PATH`, if it has one, for --kubernetes"},
+		&cli.StringFlag{Name: "pod-name", EnvVars: []string{"POD_NAME"}, Usage: "the agent's own pod `NAME` for --kubernetes (the DaemonSet sets POD_NAME): on SIGTERM its DaemonSet tells an uninstall (pinned state removed) from a restart (kept)"},
+		&cli.StringFlag{Name: "pod-namespace", EnvVars: []string{"POD_NAMESPACE"}, Usage: "the agent's own pod's `NAMESPACE` for --kubernetes (the DaemonSet sets POD_NAMESPACE)"},
 	}
 }
 
@@ -60,17 +62,17 @@ func checkPodSource(c *cli.Context) error {
 // kubeSource is the agent's Kubernetes pod source. onError receives what
 // the source reports (set once the agent exists); stop ends the Event
 // recorder.
-func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kube.Source, desc []any, stop func(), err error) {
+func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kube.Source, desc []any, stop func(), install *kube.Install, err error) {
 	// client-go logs through klog: into the agent's log instead.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	cfg, where, err := restConfig(c.String("kubeconfig"))
 	if err != nil {
-		return nil, nil, nil, cli.Exit(err.Error(), 2)
+		return nil, nil, nil, nil, cli.Exit(err.Error(), 2)
 	}
 	cfg.UserAgent = "egret-agent"
 	client, err := kube.NewClient(cfg)
 	if err != nil {
-		return nil, nil, nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 2)
+		return nil, nil, nil, nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 2)
 	}
 	node := c.String("node-name")
 	rec, stopRec := kube.NewRecorder(client, node)
@@ -86,7 +88,7 @@ func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kub
 	})
 	if err != nil {
 		stopRec()
-		return nil, nil, nil, cli.Exit(err.Error(), 2)
+		return nil, nil, nil, nil, cli.Exit(err.Error(), 2)
 	}
 	// Say at once whether the API server answers; the source keeps trying
 	// either way (its pods fail open meanwhile).
@@ -102,7 +104,24 @@ func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kub
 	}
 	desc = []any{"pods_from", "kubernetes", "node", node, "server", cfg.Host, "config", where, "server_version", version,
 		"cgroup_driver", c.String("cgroup-driver")}
-	return src, desc, stopRec, nil
+	// Uninstall or restart: the agent's DaemonSet says, at SIGTERM.
+	if c.String("pod-name") == "" || c.String("pod-namespace") == "" {
+		log.Warn("the agent's own pod is not named (POD_NAME, POD_NAMESPACE): it cannot tell an uninstall from a restart and leaves the pinned eBPF state on every stop (--cleanup removes it on every stop)")
+		desc = append(desc, "uninstall_detection", "off")
+		return src, desc, stopRec, nil, nil
+	}
+	ictx, icancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer icancel()
+	install, err = kube.WatchInstall(ictx, cfg, client, c.String("pod-namespace"), c.String("pod-name"))
+	if err != nil {
+		// Not fatal: the agent serves its pods; it only cannot tell an
+		// uninstall from a restart, and so keeps the pinned state.
+		log.Warn("cannot watch the agent's DaemonSet: an uninstall will leave the pinned eBPF state", "err", err)
+		desc = append(desc, "uninstall_detection", "off")
+		return src, desc, stopRec, nil, nil
+	}
+	desc = append(desc, "daemonset", install.Namespace+"/"+install.DaemonSet)
+	return src, desc, stopRec, install, nil
 }
 
 // restConfig is the in-cluster config, or kubeconfig's if named.
