@@ -14,6 +14,7 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
@@ -34,6 +35,9 @@ type podState struct {
 	lns    []net.Listener
 	traces *proxy.Traces
 	served sync.WaitGroup
+	// unwatch ends the delivery of the pod's ambiguous answers to the
+	// Reporter.
+	unwatch func() uint64
 }
 
 func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
@@ -88,6 +92,15 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	pc.Bulkheads = a.bulkheads
 	ps.traces = proxy.NewTraces(a.cfg.TracesPerPod)
 	pc.Traces = ps.traces
+	if a.cfg.Reporter != nil {
+		ch, unwatch := ps.traces.Watch(engine.OutcomeAmbiguous, 64)
+		ps.unwatch = unwatch
+		go func() {
+			for tr := range ch {
+				a.cfg.Reporter.Ambiguous(p.Name, tr)
+			}
+		}()
+	}
 	pc.Metrics = a.pmetrics
 	pc.Logger = a.log.With("pod", p.Name)
 	srv, err := proxy.New(pc)
@@ -199,6 +212,11 @@ func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) 
 		// destinations can go.
 		if e := forget(); e != nil {
 			derr = errors.Join(derr, fmt.Errorf("forget destinations: %w", e))
+		}
+		if ps.unwatch != nil {
+			if n := ps.unwatch(); n > 0 {
+				a.log.Warn("ambiguous answers not reported (the reporter was behind)", "pod", ps.pod.Name, "dropped", n)
+			}
 		}
 		if ps.ns != nil {
 			ps.ns.Close()

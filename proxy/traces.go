@@ -3,6 +3,7 @@ package proxy
 import (
 	"sync"
 
+	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry"
 )
 
@@ -10,10 +11,45 @@ import (
 // `egret explain`. It is a ring: the oldest trace goes when a new one comes
 // and the ring is full. Safe for concurrent use; shareable by many servers.
 type Traces struct {
-	mu   sync.Mutex
-	ring []retry.Trace
-	next int
-	byID map[string]int
+	mu       sync.Mutex
+	ring     []retry.Trace
+	next     int
+	byID     map[string]int
+	watchers []*traceWatcher
+}
+
+type traceWatcher struct {
+	outcome engine.Outcome
+	ch      chan retry.Trace
+	dropped uint64
+}
+
+// Watch returns a channel that gets a copy of every trace Put from now on
+// whose outcome is o, and a function that stops the watch and closes the
+// channel. Put never waits for a watcher: one that falls more than buffer
+// traces behind misses the newer ones (stop returns how many).
+func (t *Traces) Watch(o engine.Outcome, buffer int) (<-chan retry.Trace, func() (dropped uint64)) {
+	w := &traceWatcher{outcome: o, ch: make(chan retry.Trace, buffer)}
+	t.mu.Lock()
+	t.watchers = append(t.watchers, w)
+	t.mu.Unlock()
+	var once sync.Once
+	return w.ch, func() uint64 {
+		once.Do(func() {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			for i, x := range t.watchers {
+				if x == w {
+					t.watchers = append(t.watchers[:i], t.watchers[i+1:]...)
+					break
+				}
+			}
+			close(w.ch)
+		})
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return w.dropped
+	}
 }
 
 // DefaultTraces is the ring size NewTraces uses for a size <= 0.
@@ -51,6 +87,18 @@ func (t *Traces) Put(tr *retry.Trace) {
 	attempts := t.ring[i].Attempts[:0]
 	t.ring[i] = *tr
 	t.ring[i].Attempts = append(attempts, tr.Attempts...)
+	for _, w := range t.watchers {
+		if w.outcome != tr.Outcome {
+			continue
+		}
+		c := *tr
+		c.Attempts = append([]retry.Attempt(nil), tr.Attempts...)
+		select {
+		case w.ch <- c:
+		default:
+			w.dropped++
+		}
+	}
 }
 
 // Get returns the trace of request id.

@@ -38,6 +38,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/retry"
 )
 
 // Sentinel errors; match them with errors.Is.
@@ -123,6 +124,8 @@ type Source struct {
 	cfg     Config
 	hostNS  nsID
 	running atomic.Bool
+	// store is the running informer's, for Ambiguous.
+	store atomic.Pointer[cache.Store]
 }
 
 var _ pods.Source = (*Source)(nil)
@@ -182,6 +185,9 @@ func (s *Source) Run(ctx context.Context, events chan<- pods.Event) error {
 		func(o *metav1.ListOptions) { o.FieldSelector = node })
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{})
 	defer cancel()
+	store := inf.GetStore()
+	s.store.Store(&store)
+	defer s.store.Store(nil)
 
 	wake := make(chan struct{}, 1)
 	poke := func() {
@@ -379,6 +385,32 @@ func (r *run) resolve(pod *corev1.Pod) (pods.Pod, bool) {
 	}
 	p.Cgroup, p.Netns = loc.cgroup, loc.netns
 	return p, true
+}
+
+// ReasonAmbiguous is the reason of the Warning Event Ambiguous records.
+const ReasonAmbiguous = "EgretAmbiguous"
+
+// Ambiguous records a Warning Event (ReasonAmbiguous) on the pod named
+// namespace/name: egret answered its request tr ambiguous. The URL is
+// given without its query string (it may carry a token). A pod the source
+// does not know (gone meanwhile) gets none. It implements the agent's
+// Reporter.
+func (s *Source) Ambiguous(pod string, tr retry.Trace) {
+	sp := s.store.Load()
+	if sp == nil || s.cfg.Recorder == nil {
+		return
+	}
+	obj, ok, err := (*sp).GetByKey(pod)
+	if err != nil || !ok {
+		return
+	}
+	u := tr.URL
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		u = u[:i]
+	}
+	s.cfg.Recorder.Eventf(obj.(*corev1.Pod), corev1.EventTypeWarning, ReasonAmbiguous,
+		"request %s: %s %s to %s may have run upstream: egret cannot tell, so it did not retry and answered Egret-Outcome: ambiguous after %d attempt(s) (egret explain %s)",
+		tr.RequestID, tr.Method, u, tr.Upstream, len(tr.Attempts), tr.RequestID)
 }
 
 // problem reports err about pod once (until it changes or goes away).
