@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,8 +15,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The pods' Go client: this test binary re-executed inside a pod (its
@@ -41,6 +45,8 @@ type request struct {
 	Body    string            `json:"body"`
 	// Load mode: new connection per request, for Duration.
 	Duration time.Duration `json:"duration"`
+	// Connects mode: how many connects.
+	Count int `json:"count,omitempty"`
 }
 
 type response struct {
@@ -90,6 +96,26 @@ func child(mode string) int {
 		if err != nil {
 			r.Err = err.Error()
 		}
+		_ = enc.Encode(r)
+	case "connects":
+		// Count connects to req.URL (tcp://host:port), each as a client
+		// that writes a line at once and reads the answer: how each
+		// ended, counted by what the client saw (connectOutcome).
+		seen := map[string]int{}
+		for range req.Count {
+			seen[connectOutcome(strings.TrimPrefix(req.URL, "tcp://"), req.Body)]++
+		}
+		_ = enc.Encode(seen)
+	case "tls":
+		// One TLS handshake (any certificate) and a line, then close.
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp",
+			strings.TrimPrefix(req.URL, "tcp://"), &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			_ = enc.Encode(response{Err: err.Error()})
+			return 0
+		}
+		r := response{Local: c.NetConn().LocalAddr().String(), Body: c.ConnectionState().NegotiatedProtocol}
+		c.Close()
 		_ = enc.Encode(r)
 	case "get":
 		tr := &http.Transport{DisableKeepAlives: true}
@@ -214,6 +240,45 @@ func (p *pod) childCmd(t *testing.T, mode string, req request, spec ...any) *exe
 	cmd := p.command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "EGRET_E2E_REQ="+string(b))
 	return cmd
+}
+
+// connectOutcome connects to addr, writes line and reads; it returns what
+// the client saw: "connect: <errno>" when the connect failed, else
+// "connected, write: <errno or ok>, read: <errno, EOF or data>".
+func connectOutcome(addr, line string) string {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "connect: " + errnoOf(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	out := "connected, write: "
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		out += errnoOf(err)
+	} else {
+		out += "ok"
+	}
+	out += ", read: "
+	if _, err := c.Read(make([]byte, 64)); err != nil {
+		out += errnoOf(err)
+	} else {
+		out += "data"
+	}
+	return out
+}
+
+// errnoOf names err by its errno (or EOF / timeout) when it has one.
+func errnoOf(err error) string {
+	var en syscall.Errno
+	switch {
+	case errors.As(err, &en):
+		return unix.ErrnoName(en)
+	case errors.Is(err, io.EOF):
+		return "EOF"
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "timeout"
+	}
+	return err.Error()
 }
 
 func localOf(c net.Conn) string {
