@@ -3,8 +3,8 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"net/netip"
+	"sort"
 	"sync"
 	"time"
 
