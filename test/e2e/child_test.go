@@ -20,6 +20,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 // The pods' Go client: this test binary re-executed inside a pod (its
@@ -104,6 +108,14 @@ func child(mode string) int {
 		seen := map[string]int{}
 		for range req.Count {
 			seen[connectOutcome(strings.TrimPrefix(req.URL, "tcp://"), req.Body)]++
+		}
+		_ = enc.Encode(seen)
+	case "grpc":
+		// A gRPC client over h2c (prior knowledge), a new connection per
+		// call: Count health checks, each answer or error counted.
+		seen := map[string]int{}
+		for range max(req.Count, 1) {
+			seen[grpcHealth(strings.TrimPrefix(req.URL, "tcp://"))]++
 		}
 		_ = enc.Encode(seen)
 	case "tls":
@@ -240,6 +252,31 @@ func (p *pod) childCmd(t *testing.T, mode string, req request, spec ...any) *exe
 	cmd := p.command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "EGRET_E2E_REQ="+string(b))
 	return cmd
+}
+
+// grpcHealth makes one health check over a new h2c connection and names
+// the result: the serving status, or the gRPC code and the cause.
+func grpcHealth(addr string) string {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return "client: " + err.Error()
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		st := status.Convert(err)
+		cause := st.Message()
+		for _, e := range []string{"connection refused", "connection reset by peer", "EOF", "deadline"} {
+			if strings.Contains(cause, e) {
+				cause = e
+				break
+			}
+		}
+		return st.Code().String() + ": " + cause
+	}
+	return resp.GetStatus().String()
 }
 
 // connectOutcome connects to addr, writes line and reads; it returns what

@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
 )
@@ -163,4 +167,61 @@ func TestLearnedDirectKeepsRefusal(t *testing.T) {
 			t.Fatalf("the HTTP destination %s was learned direct", up)
 		}
 	}
+}
+
+// A gRPC client over h2c (HTTP/2 with prior knowledge, which egret passes
+// through) works through an opted-in pod, its destination is learned
+// direct, and once the server is gone its errors are the ones a pod without
+// egret sees.
+func TestGRPCH2CThroughEgret(t *testing.T) {
+	n := newNode(t, nodeOpts{})
+	p := n.addPod(t, "grpc", podOpts{})
+	bare := makePod(t, n.top, "bare", podOpts{})
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(p.host4.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(ln) }()
+	t.Cleanup(func() { gs.Stop(); <-served })
+	dst := ln.Addr().(*net.TCPAddr).AddrPort()
+	call := func(q *pod, count int) map[string]int {
+		t.Helper()
+		out, err := q.run(t, q.childCmd(t, "grpc", request{URL: "tcp://" + dst.String(), Count: count}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		if err := json.Unmarshal([]byte(out), &seen); err != nil {
+			t.Fatalf("grpc output %q: %v", out, err)
+		}
+		return seen
+	}
+
+	if got := call(p, 1); got["SERVING"] != 1 {
+		t.Fatalf("first gRPC call through egret: %v", got)
+	}
+	id := n.waitPod(t, "grpc", "running").CgroupID
+	learned, err := n.loader.LearnedDirect(id)
+	if err != nil || len(learned) != 1 || learned[0].Dst != dst || learned[0].Protocol != bpfload.DirectHTTP2 {
+		t.Fatalf("learned %+v, %v; want %s http2", learned, err, dst)
+	}
+	if got := call(p, 10); got["SERVING"] != 10 {
+		t.Fatalf("gRPC calls after learning: %v", got)
+	}
+
+	gs.Stop()
+	<-served
+	served <- nil // for the cleanup
+	const count = 20
+	want := call(bare, count)
+	got := call(p, count)
+	if fmt.Sprint(got) != fmt.Sprint(want) || want["Unavailable: connection refused"] != count {
+		t.Fatalf("server gone: behind egret %v, without egret %v", got, want)
+	}
+	t.Logf("gRPC h2c, server gone, %d calls: behind egret %v; without egret %v", count, got, want)
 }
