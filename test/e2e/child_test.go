@@ -110,6 +110,31 @@ func child(mode string) int {
 			seen[connectOutcome(strings.TrimPrefix(req.URL, "tcp://"), req.Body)]++
 		}
 		_ = enc.Encode(seen)
+	case "firstbyte":
+		// Count rounds of connect, write a line, read the first byte of
+		// the answer, close: the total time, and how many failed.
+		var res struct {
+			Nanos  int64 `json:"nanos"`
+			Errors int   `json:"errors"`
+		}
+		addr := strings.TrimPrefix(req.URL, "tcp://")
+		buf := make([]byte, 1)
+		start := time.Now()
+		for range req.Count {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				res.Errors++
+				continue
+			}
+			if _, err := io.WriteString(c, "ping\n"); err != nil {
+				res.Errors++
+			} else if _, err := io.ReadFull(c, buf); err != nil {
+				res.Errors++
+			}
+			c.Close()
+		}
+		res.Nanos = time.Since(start).Nanoseconds()
+		_ = enc.Encode(res)
 	case "grpc":
 		// A gRPC client over h2c (prior knowledge), a new connection per
 		// call: Count health checks, each answer or error counted.
@@ -243,7 +268,7 @@ func (p *pod) goClient(t *testing.T, req request) response {
 
 // childCmd runs this binary as the pod's client in mode; spec, if given,
 // replaces req as its input.
-func (p *pod) childCmd(t *testing.T, mode string, req request, spec ...any) *exec.Cmd {
+func (p *pod) childCmd(t testing.TB, mode string, req request, spec ...any) *exec.Cmd {
 	t.Helper()
 	b, _ := json.Marshal(req)
 	if len(spec) > 0 {

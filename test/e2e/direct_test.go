@@ -20,7 +20,7 @@ import (
 
 // connects runs the "connects" client in the pod: n connects to dst, each
 // writing a line at once; it returns how many ended which way.
-func (p *pod) connects(t *testing.T, dst netip.AddrPort, n int) map[string]int {
+func (p *pod) connects(t testing.TB, dst netip.AddrPort, n int) map[string]int {
 	t.Helper()
 	out, err := p.run(t, p.childCmd(t, "connects", request{URL: "tcp://" + dst.String(), Body: "hello", Count: n}))
 	if err != nil {
@@ -33,7 +33,7 @@ func (p *pod) connects(t *testing.T, dst netip.AddrPort, n int) map[string]int {
 	return seen
 }
 
-func (p *pod) child(t *testing.T, mode string, req request) response {
+func (p *pod) child(t testing.TB, mode string, req request) response {
 	t.Helper()
 	out, err := p.run(t, p.childCmd(t, mode, req))
 	if err != nil {
@@ -47,7 +47,7 @@ func (p *pod) child(t *testing.T, mode string, req request) response {
 }
 
 // echoServer answers one line per connection with "echo: " and the line.
-func echoServer(t *testing.T, ip netip.Addr) (net.Listener, netip.AddrPort) {
+func echoServer(t testing.TB, ip netip.Addr) (net.Listener, netip.AddrPort) {
 	t.Helper()
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
 	if err != nil {
