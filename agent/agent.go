@@ -60,6 +60,14 @@ type Attacher interface {
 	Pods() ([]uint64, error)
 	AttachSelf(cgroupPath string) error
 	DetachSelf(cgroupPath string) error
+	// LearnDirect makes the pod's connects to dst go direct for ttl
+	// (bpfload.ErrLearningOff when the pod has learning off).
+	LearnDirect(podID uint64, dst netip.AddrPort, proto bpfload.DirectProtocol, ttl time.Duration) error
+	// NodeDirectStats sums the kernel's counters of every pod's
+	// learned-direct connections; LearnedEntries counts the learned
+	// destinations held.
+	NodeDirectStats() (bpfload.DirectStats, error)
+	LearnedEntries() (int, error)
 }
 
 var _ Attacher = (*bpfload.Loader)(nil)
@@ -214,7 +222,7 @@ func New(cfg Config) (*Agent, error) {
 	} else {
 		cfg.Witness = fallbackWitness{primary: cfg.Witness, fallback: witness.TCPInfo{}}
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := newMetrics(cfg.Registerer, cfg.Attacher)
 	if err != nil {
 		return nil, err
 	}

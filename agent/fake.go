@@ -3,8 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 )
@@ -17,6 +19,7 @@ type Fake struct {
 	ids    map[string]uint64
 	pods   map[uint64]bpfload.PodConfig
 	self   map[string]bool
+	learnt map[uint64]map[netip.AddrPort]bpfload.DirectProtocol
 	// Fail, if set, makes AttachPod of that cgroup fail.
 	Fail map[string]error
 }
@@ -25,7 +28,8 @@ var _ Attacher = (*Fake)(nil)
 
 // NewFake returns an empty Fake.
 func NewFake() *Fake {
-	return &Fake{ids: map[string]uint64{}, pods: map[uint64]bpfload.PodConfig{}, self: map[string]bool{}, Fail: map[string]error{}}
+	return &Fake{ids: map[string]uint64{}, pods: map[uint64]bpfload.PodConfig{}, self: map[string]bool{}, Fail: map[string]error{},
+		learnt: map[uint64]map[netip.AddrPort]bpfload.DirectProtocol{}}
 }
 
 // AttachPod implements Attacher.
@@ -53,6 +57,7 @@ func (f *Fake) DetachPodID(id uint64) error {
 		return fmt.Errorf("fake: pod %d not attached", id)
 	}
 	delete(f.pods, id)
+	delete(f.learnt, id)
 	return nil
 }
 
@@ -103,4 +108,46 @@ func (f *Fake) DetachSelf(cgroupPath string) error {
 	}
 	delete(f.self, cgroupPath)
 	return nil
+}
+
+// LearnDirect implements Attacher: it records dst for an attached pod
+// without NoLearn, and refuses as the loader does otherwise.
+func (f *Fake) LearnDirect(podID uint64, dst netip.AddrPort, proto bpfload.DirectProtocol, ttl time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cfg, ok := f.pods[podID]
+	if !ok || cfg.NoLearn {
+		return bpfload.ErrLearningOff
+	}
+	if f.learnt[podID] == nil {
+		f.learnt[podID] = map[netip.AddrPort]bpfload.DirectProtocol{}
+	}
+	f.learnt[podID][dst] = proto
+	return nil
+}
+
+// Learned returns what LearnDirect recorded for a pod.
+func (f *Fake) Learned(podID uint64) map[netip.AddrPort]bpfload.DirectProtocol {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[netip.AddrPort]bpfload.DirectProtocol{}
+	for k, v := range f.learnt[podID] {
+		out[k] = v
+	}
+	return out
+}
+
+// NodeDirectStats implements Attacher: a Fake redirects nothing, so it
+// sees no direct connection.
+func (f *Fake) NodeDirectStats() (bpfload.DirectStats, error) { return bpfload.DirectStats{}, nil }
+
+// LearnedEntries implements Attacher.
+func (f *Fake) LearnedEntries() (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, m := range f.learnt {
+		n += len(m)
+	}
+	return n, nil
 }

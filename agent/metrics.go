@@ -16,7 +16,7 @@ type metrics struct {
 	sourceErrs prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, att Attacher) (*metrics, error) {
 	m := &metrics{
 		pods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "egret_agent_pods",
@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Refused reloads of the pod source.",
 		}),
 	}
-	if err := promreg.Register(reg, m.pods, m.events, m.failures, m.startTime, m.collected, m.sourceErrs); err != nil {
+	if err := promreg.Register(reg, m.pods, m.events, m.failures, m.startTime, m.collected, m.sourceErrs, newDirectCollector(att)); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -54,4 +54,62 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (a *Agent) SourceError(err error) {
 	a.m.sourceErrs.Inc()
 	a.log.Error("pod source refused", "err", err)
+}
+
+// directCollector reads, at scrape time, the kernel's counters of the
+// connections pods make directly to learned-direct destinations (traffic
+// egret lets go because it could not retry it), so that their failures
+// stay visible.
+type directCollector struct {
+	att                           Attacher
+	conns, resets, bytes, learned *prometheus.Desc
+	errs                          *prometheus.Desc
+}
+
+func newDirectCollector(att Attacher) *directCollector {
+	return &directCollector{
+		att: att,
+		conns: prometheus.NewDesc("egret_agent_direct_connections_total",
+			"Pod connects sent direct because egret learned their destination is passed through, as the kernel saw them end: established (handshake done), failed (closed before: refused, unreachable, timed out), closed (established, then closed), all (every connect).",
+			[]string{"result"}, nil),
+		resets: prometheus.NewDesc("egret_agent_direct_resets_total",
+			"RSTs received on pods' learned-direct connections (refusals included).", nil, nil),
+		bytes: prometheus.NewDesc("egret_agent_direct_bytes_total",
+			"Bytes of pods' learned-direct connections, summed when they close: sent (acknowledged by the peer) and received.",
+			[]string{"direction"}, nil),
+		learned: prometheus.NewDesc("egret_agent_learned_destinations",
+			"Destinations the kernel's learned-direct map holds now (all pods; expired ones until met or evicted).", nil, nil),
+		errs: prometheus.NewDesc("egret_agent_direct_stats_errors",
+			"1 when the last scrape could not read the learned-direct counters.", nil, nil),
+	}
+}
+
+func (c *directCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.conns
+	ch <- c.resets
+	ch <- c.bytes
+	ch <- c.learned
+	ch <- c.errs
+}
+
+func (c *directCollector) Collect(ch chan<- prometheus.Metric) {
+	failed := 0.0
+	st, err := c.att.NodeDirectStats()
+	if err == nil {
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(st.Connects), "all")
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(st.Established), "established")
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(st.Failed), "failed")
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(st.Closed), "closed")
+		ch <- prometheus.MustNewConstMetric(c.resets, prometheus.CounterValue, float64(st.Resets))
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(st.BytesAcked), "sent")
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(st.BytesReceived), "received")
+	} else {
+		failed = 1
+	}
+	if n, err := c.att.LearnedEntries(); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.learned, prometheus.GaugeValue, float64(n))
+	} else {
+		failed = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.errs, prometheus.GaugeValue, failed)
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
@@ -38,6 +39,45 @@ type podState struct {
 	// unwatch ends the delivery of the pod's ambiguous answers to the
 	// Reporter.
 	unwatch func() uint64
+	// learner writes the destinations the pod's proxy learned direct;
+	// its pod id is set once the pod is attached.
+	learner *podLearner
+}
+
+// podLearner is the pod proxy's proxy.Learner: it writes the kernel's
+// learned-direct map for this pod (Attacher.LearnDirect).
+type podLearner struct {
+	att Attacher
+	id  atomic.Uint64
+	ttl atomic.Int64 // time.Duration; 0: bpfload.DefaultLearnTTL
+}
+
+var _ proxy.Learner = (*podLearner)(nil)
+
+// LearnDirect implements proxy.Learner. A pod with learning off (or not
+// attached yet, or any more) learns nothing, and that is no error.
+func (l *podLearner) LearnDirect(dst netip.AddrPort, proto proxy.Protocol) error {
+	id := l.id.Load()
+	if id == 0 {
+		return nil
+	}
+	err := l.att.LearnDirect(id, dst, directProtocol(proto), time.Duration(l.ttl.Load()))
+	if errors.Is(err, bpfload.ErrLearningOff) {
+		return nil
+	}
+	return err
+}
+
+func directProtocol(p proxy.Protocol) bpfload.DirectProtocol {
+	switch p {
+	case proxy.ProtoTLS:
+		return bpfload.DirectTLS
+	case proxy.ProtoHTTP2:
+		return bpfload.DirectHTTP2
+	case proxy.ProtoSilent:
+		return bpfload.DirectServerFirst
+	}
+	return bpfload.DirectOther
 }
 
 func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
@@ -103,6 +143,9 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	}
 	pc.Metrics = a.pmetrics
 	pc.Logger = a.log.With("pod", p.Name)
+	ps.learner = &podLearner{att: a.cfg.Attacher}
+	ps.learner.ttl.Store(int64(p.Learn.TTL))
+	pc.Learner = ps.learner
 	srv, err := proxy.New(pc)
 	if err != nil {
 		for _, l := range lns {
@@ -127,6 +170,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig(p)); err != nil {
 		return nil, fmt.Errorf("attach to cgroup %s: %w", p.Cgroup, err)
 	}
+	ps.learner.id.Store(ps.cgid)
 	return ps, nil
 }
 
@@ -136,6 +180,7 @@ func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
 		ExcludePrefixes:   p.Exclude.CIDRs,
 		NoDefaultExcludes: p.Exclude.NoDefaultPorts,
 		RedirectLoopback:  p.RedirectLoopback,
+		NoLearn:           p.Learn.Off,
 	}
 	for _, l := range ps.listen {
 		if l.Addr().Is4() {
@@ -154,6 +199,9 @@ func (ps *podState) update(a *Agent, p pods.Pod) error {
 		return err
 	}
 	ps.policy.set(p)
+	if ps.learner != nil {
+		ps.learner.ttl.Store(int64(p.Learn.TTL))
+	}
 	a.mu.Lock()
 	ps.pod = p
 	a.mu.Unlock()

@@ -6,10 +6,21 @@ const (
 	PodHasV4            = 1 << 0
 	PodHasV6            = 1 << 1
 	PodRedirectLoopback = 1 << 2
+	// PodNoLearn: connect4/6 ignore the pod's learned-direct entries
+	// (egret_direct); every connect not excluded is redirected.
+	PodNoLearn = 1 << 3
 
 	// WitnessComplete (EgretWitnessRec.Flags): the socket was tracked from
 	// before its SYN, so the transmit counters saw every segment.
 	WitnessComplete = 1 << 0
+)
+
+// Protocols of a learned-direct destination (EgretDirectEntry.Protocol).
+const (
+	DirectProtoOther       = 0
+	DirectProtoTLS         = 1
+	DirectProtoHTTP2       = 2
+	DirectProtoServerFirst = 3
 )
 
 // Event types (EgretEvent.Type).

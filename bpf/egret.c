@@ -6,7 +6,9 @@
  * maps; see README.md in this directory for the design.
  *
  *   cgroup/connect4, cgroup/connect6  (pod cgroups)   redirect TCP connects
- *   sockops                           (pod + egret)   tuple map, witness
+ *                                                     (not learned-direct ones)
+ *   sockops                           (pod + egret)   tuple map, witness,
+ *                                                     direct-connection counters
  *   cgroup/getsockopt                 (egret cgroup)  answer SO_ORIGINAL_DST
  *   tp_btf programs                   (global)        witness events
  */
@@ -117,6 +119,35 @@ struct {
 	__uint(max_entries, 1 << 20);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egret_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	/* Destinations learned direct, all pods together. LRU: a pod that
+	 * learns more than this pushes out the least recently used entries
+	 * (of any pod); such a destination is redirected again and learned
+	 * again, nothing else. Preallocated: about 5 MiB. Load can change
+	 * the size (Options.LearnedMax). */
+	__uint(max_entries, 65536);
+	__type(key, struct direct_key);
+	__type(value, struct direct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_direct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct direct_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_direct_sk SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct direct_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_direct_stats SEC(".maps");
 
 /* Not called: its prototype puts struct event into BTF for bpf2go -type,
  * without adding a global variable. */
@@ -270,6 +301,54 @@ static __always_inline int remember(struct bpf_sock_addr *ctx, __u64 cgid,
 	return 1;
 }
 
+/* learned_direct: the pod's egret learned that dst is passed through
+ * (egret cannot act on it), and the entry has not expired. The socket is
+ * then marked for the direct-connection counters. An expired entry is
+ * deleted here. */
+static __always_inline int learned_direct(struct bpf_sock_addr *ctx, __u64 cgid,
+					  const __u32 addr[4], __u16 port)
+{
+	struct direct_key k = {
+		.cgroup_id = cgid,
+		.port = port,
+	};
+	struct direct_entry *e;
+	struct direct_sock *ds;
+
+	k.addr[0] = addr[0];
+	k.addr[1] = addr[1];
+	k.addr[2] = addr[2];
+	k.addr[3] = addr[3];
+	e = bpf_map_lookup_elem(&egret_direct, &k);
+	if (!e)
+		return 0;
+	if (bpf_ktime_get_boot_ns() >= e->expires_ns) {
+		/* Expired: redirect, and let egret sniff it again. */
+		bpf_map_delete_elem(&egret_direct, &k);
+		return 0;
+	}
+	if (ctx->sk) {
+		ds = bpf_sk_storage_get(&egret_direct_sk, ctx->sk, 0,
+					BPF_SK_STORAGE_GET_F_CREATE);
+		if (ds) {
+			ds->cgroup_id = cgid;
+			ds->established = 0;
+		}
+	}
+	return 1;
+}
+
+static __always_inline struct direct_stats *direct_stats(__u64 cgid)
+{
+	struct direct_stats *st = bpf_map_lookup_elem(&egret_direct_stats, &cgid);
+	struct direct_stats zero = {};
+
+	if (st)
+		return st;
+	bpf_map_update_elem(&egret_direct_stats, &cgid, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&egret_direct_stats, &cgid);
+}
+
 /* ---- redirection ---- */
 
 /* redirectable: a TCP connect from a socket that is not egret's own (UDP and
@@ -305,6 +384,8 @@ int egret_connect4(struct bpf_sock_addr *ctx)
 		return 1;
 	map4(a, dst);
 	if (addr_excluded(cgid, a))
+		return 1;
+	if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
 		return 1;
 	if (!listener4_alive(ctx, pc))
 		return 1;
@@ -346,6 +427,8 @@ int egret_connect6(struct bpf_sock_addr *ctx)
 			return 1;
 		if (port_excluded(pc, port) || addr_excluded(cgid, a))
 			return 1;
+		if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
+			return 1;
 		if (!listener4_alive(ctx, pc))
 			return 1;
 		if (!remember(ctx, cgid, a, port, AF_INET))
@@ -364,6 +447,8 @@ int egret_connect6(struct bpf_sock_addr *ctx)
 	if (loopback6(a) && !(pc->flags & EGRET_POD_REDIRECT_LOOPBACK))
 		return 1;
 	if (port_excluded(pc, port) || addr_excluded(cgid, a))
+		return 1;
+	if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
 		return 1;
 	if (!listener6_alive(ctx, pc))
 		return 1;
@@ -499,7 +584,18 @@ static __always_inline void on_connect(struct bpf_sock_ops *ctx, struct bpf_sock
 {
 	struct redirect_state *st;
 	struct witness_rec *r;
+	struct direct_sock *ds;
+	struct direct_stats *dst;
 
+	ds = bpf_sk_storage_get(&egret_direct_sk, sk, 0, 0);
+	if (ds) {
+		/* Sent direct by a learned entry: count what becomes of it. */
+		dst = direct_stats(ds->cgroup_id);
+		if (dst)
+			__sync_fetch_and_add(&dst->connects, 1);
+		bpf_sock_ops_cb_flags_set(ctx, BPF_SOCK_OPS_STATE_CB_FLAG);
+		return;
+	}
 	st = bpf_sk_storage_get(&egret_redir_sk, sk, 0, 0);
 	if (st) {
 		/* A redirected pod socket: its source port is known now, before
@@ -531,6 +627,8 @@ int egret_sockops(struct bpf_sock_ops *ctx)
 	struct bpf_sock *sk = ctx->sk;
 	struct witness_rec *r;
 	struct redirect_state *st;
+	struct direct_sock *ds;
+	struct direct_stats *dst;
 
 	if (!sk)
 		return 1;
@@ -569,12 +667,35 @@ int egret_sockops(struct bpf_sock_ops *ctx)
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
-		if (r)
+		if (r) {
 			ops_refresh(r, ctx);
+			break;
+		}
+		ds = bpf_sk_storage_get(&egret_direct_sk, sk, 0, 0);
+		if (ds && !ds->established) {
+			ds->established = 1;
+			dst = direct_stats(ds->cgroup_id);
+			if (dst)
+				__sync_fetch_and_add(&dst->established, 1);
+		}
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
 		if (ctx->args[1] != TCP_CLOSE)
 			break;
+		ds = bpf_sk_storage_get(&egret_direct_sk, sk, 0, 0);
+		if (ds) {
+			dst = direct_stats(ds->cgroup_id);
+			if (!dst)
+				break;
+			if (!ds->established) {
+				__sync_fetch_and_add(&dst->failed, 1);
+				break;
+			}
+			__sync_fetch_and_add(&dst->closed, 1);
+			__sync_fetch_and_add(&dst->bytes_acked, ctx->bytes_acked);
+			__sync_fetch_and_add(&dst->bytes_received, ctx->bytes_received);
+			break;
+		}
 		st = bpf_sk_storage_get(&egret_redir_sk, sk, 0, 0);
 		if (st && st->has_key) {
 			bpf_map_delete_elem(&egret_tuples, &st->key);
@@ -618,9 +739,18 @@ SEC("tp_btf/tcp_receive_reset")
 int BPF_PROG(egret_rx_reset, struct sock *sk)
 {
 	struct witness_rec *r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+	struct direct_sock *ds;
+	struct direct_stats *dst;
 
-	if (!r)
+	if (!r) {
+		ds = bpf_sk_storage_get(&egret_direct_sk, sk, 0, 0);
+		if (!ds)
+			return 0;
+		dst = bpf_map_lookup_elem(&egret_direct_stats, &ds->cgroup_id);
+		if (dst)
+			__sync_fetch_and_add(&dst->resets, 1);
 		return 0;
+	}
 	if (!r->reset_ns)
 		r->reset_ns = bpf_ktime_get_boot_ns();
 	r->resets++;

@@ -13,6 +13,7 @@
 #define EGRET_POD_HAS_V4 (1U << 0)           /* listen_ip4/listen_port4 valid */
 #define EGRET_POD_HAS_V6 (1U << 1)           /* listen_ip6/listen_port6 valid */
 #define EGRET_POD_REDIRECT_LOOPBACK (1U << 2) /* also redirect 127/8 and ::1 */
+#define EGRET_POD_NO_LEARN (1U << 3)          /* ignore egret_direct for this pod */
 
 /* Per-pod configuration, keyed by the cgroup v2 id of the pod's cgroup. */
 struct pod_config {
@@ -68,6 +69,50 @@ struct redirect_state {
 	struct tuple_key key;
 	__u32 has_key;
 	__u32 pad;
+};
+
+/* Key of egret_direct: one destination learned direct for one pod. */
+struct direct_key {
+	__u64 cgroup_id; /* the pod's cgroup (the one with a pod_config) */
+	__u32 addr[4];   /* IPv4 as ::ffff:a.b.c.d */
+	__u16 port;      /* host byte order */
+	__u16 pad;
+	__u32 pad2;
+};
+
+/* A learned-direct destination. User space writes it after egret's proxy
+ * sniffed a connection to it as a protocol egret passes through. */
+struct direct_entry {
+	__u64 expires_ns; /* CLOCK_BOOTTIME; from then on connects are redirected again */
+	__u64 learned_ns; /* CLOCK_BOOTTIME when learned */
+	__u32 protocol;   /* DIRECT_PROTO_*: what the proxy sniffed */
+	__u32 pad;
+};
+
+/* direct_entry.protocol */
+#define EGRET_DIRECT_PROTO_OTHER 0
+#define EGRET_DIRECT_PROTO_TLS 1
+#define EGRET_DIRECT_PROTO_HTTP2 2
+#define EGRET_DIRECT_PROTO_SERVER_FIRST 3
+
+/* Per-socket storage on a pod socket that connect4/6 sent direct because
+ * of a learned entry: the sockops and tp_btf programs count it. */
+struct direct_sock {
+	__u64 cgroup_id;
+	__u32 established;
+	__u32 pad;
+};
+
+/* What the kernel saw of one pod's learned-direct connections (counters
+ * only grow; egret_direct_stats, keyed by the pod's cgroup id). */
+struct direct_stats {
+	__u64 connects;       /* connects sent direct by a learned entry */
+	__u64 established;    /* of those, the ones that completed the handshake */
+	__u64 failed;         /* closed before established: refused, unreachable, timed out */
+	__u64 resets;         /* RSTs received (a refusal included) */
+	__u64 closed;         /* established connections that closed */
+	__u64 bytes_acked;    /* sent and acknowledged, summed at close */
+	__u64 bytes_received; /* received, summed at close */
 };
 
 /* witness_rec.flags */

@@ -13,6 +13,41 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type EgretDirectEntry struct {
+	_         structs.HostLayout
+	ExpiresNs uint64
+	LearnedNs uint64
+	Protocol  uint32
+	Pad       uint32
+}
+
+type EgretDirectKey struct {
+	_        structs.HostLayout
+	CgroupId uint64
+	Addr     [4]uint32
+	Port     uint16
+	Pad      uint16
+	Pad2     uint32
+}
+
+type EgretDirectSock struct {
+	_           structs.HostLayout
+	CgroupId    uint64
+	Established uint32
+	Pad         uint32
+}
+
+type EgretDirectStats struct {
+	_             structs.HostLayout
+	Connects      uint64
+	Established   uint64
+	Failed        uint64
+	Resets        uint64
+	Closed        uint64
+	BytesAcked    uint64
+	BytesReceived uint64
+}
+
 type EgretEvent struct {
 	_            structs.HostLayout
 	TsNs         uint64
@@ -103,6 +138,9 @@ type EgretWitnessRec struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	EgretMapEgretDirect      = "egret_direct"
+	EgretMapEgretDirectSk    = "egret_direct_sk"
+	EgretMapEgretDirectStats = "egret_direct_stats"
 	EgretMapEgretEvents      = "egret_events"
 	EgretMapEgretExcl        = "egret_excl"
 	EgretMapEgretGlobals     = "egret_globals"
@@ -176,13 +214,16 @@ type EgretProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EgretMapSpecs struct {
-	EgretEvents  *ebpf.MapSpec `ebpf:"egret_events"`
-	EgretExcl    *ebpf.MapSpec `ebpf:"egret_excl"`
-	EgretGlobals *ebpf.MapSpec `ebpf:"egret_globals"`
-	EgretPods    *ebpf.MapSpec `ebpf:"egret_pods"`
-	EgretRedirSk *ebpf.MapSpec `ebpf:"egret_redir_sk"`
-	EgretTuples  *ebpf.MapSpec `ebpf:"egret_tuples"`
-	EgretWitness *ebpf.MapSpec `ebpf:"egret_witness"`
+	EgretDirect      *ebpf.MapSpec `ebpf:"egret_direct"`
+	EgretDirectSk    *ebpf.MapSpec `ebpf:"egret_direct_sk"`
+	EgretDirectStats *ebpf.MapSpec `ebpf:"egret_direct_stats"`
+	EgretEvents      *ebpf.MapSpec `ebpf:"egret_events"`
+	EgretExcl        *ebpf.MapSpec `ebpf:"egret_excl"`
+	EgretGlobals     *ebpf.MapSpec `ebpf:"egret_globals"`
+	EgretPods        *ebpf.MapSpec `ebpf:"egret_pods"`
+	EgretRedirSk     *ebpf.MapSpec `ebpf:"egret_redir_sk"`
+	EgretTuples      *ebpf.MapSpec `ebpf:"egret_tuples"`
+	EgretWitness     *ebpf.MapSpec `ebpf:"egret_witness"`
 }
 
 // EgretVariableSpecs contains global variables before they are loaded into the kernel.
@@ -211,17 +252,23 @@ func (o *EgretObjects) Close() error {
 //
 // It can be passed to LoadEgretObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EgretMaps struct {
-	EgretEvents  *ebpf.Map `ebpf:"egret_events"`
-	EgretExcl    *ebpf.Map `ebpf:"egret_excl"`
-	EgretGlobals *ebpf.Map `ebpf:"egret_globals"`
-	EgretPods    *ebpf.Map `ebpf:"egret_pods"`
-	EgretRedirSk *ebpf.Map `ebpf:"egret_redir_sk"`
-	EgretTuples  *ebpf.Map `ebpf:"egret_tuples"`
-	EgretWitness *ebpf.Map `ebpf:"egret_witness"`
+	EgretDirect      *ebpf.Map `ebpf:"egret_direct"`
+	EgretDirectSk    *ebpf.Map `ebpf:"egret_direct_sk"`
+	EgretDirectStats *ebpf.Map `ebpf:"egret_direct_stats"`
+	EgretEvents      *ebpf.Map `ebpf:"egret_events"`
+	EgretExcl        *ebpf.Map `ebpf:"egret_excl"`
+	EgretGlobals     *ebpf.Map `ebpf:"egret_globals"`
+	EgretPods        *ebpf.Map `ebpf:"egret_pods"`
+	EgretRedirSk     *ebpf.Map `ebpf:"egret_redir_sk"`
+	EgretTuples      *ebpf.Map `ebpf:"egret_tuples"`
+	EgretWitness     *ebpf.Map `ebpf:"egret_witness"`
 }
 
 func (m *EgretMaps) Close() error {
 	return _EgretClose(
+		m.EgretDirect,
+		m.EgretDirectSk,
+		m.EgretDirectStats,
 		m.EgretEvents,
 		m.EgretExcl,
 		m.EgretGlobals,

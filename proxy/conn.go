@@ -236,6 +236,7 @@ func (c *conn) serve() {
 			}
 		}
 		if proto != ProtoHTTP1 {
+			c.learn(proto)
 			c.passthrough(proto, c.dstAddr, nil)
 			return
 		}
@@ -388,11 +389,51 @@ func (c *conn) dialPassthrough(proto Protocol, addr string) net.Conn {
 	up, err := c.s.cfg.Dial(ctx, "tcp", addr)
 	cancel()
 	if err != nil {
-		c.s.cfg.Logger.Info("passthrough", "protocol", string(proto), "dst", addr, "err", err)
+		// The pod's connect succeeded (to egret) and the destination
+		// cannot be reached: the closest a proxy that already accepted
+		// can come to the kernel's answer is a reset at once (SO_LINGER
+		// 0), before the pod's next read or write; see agent/README.md
+		// for what the pod sees.
+		reason := dialFailure(err)
+		c.s.cfg.Metrics.passthroughDialFailed(proto, reason)
+		c.s.cfg.Logger.Warn("passthrough dial failed; the pod's connection is reset",
+			"protocol", string(proto), "dst", addr, "client", c.c.RemoteAddr().String(),
+			"reason", reason, "err", err)
 		c.abort()
 		return nil
 	}
 	return up
+}
+
+// dialFailure names why a dial failed, for the metric's reason label.
+func dialFailure(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded), errors.Is(err, syscall.ETIMEDOUT):
+		return "timeout"
+	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH):
+		return "unreachable"
+	}
+	return "other"
+}
+
+// learn tells the Learner that this connection's destination is one egret
+// passes through, unless the policy originates TLS on its port (the pod's
+// plain HTTP to it must keep coming to egret).
+func (c *conn) learn(proto Protocol) {
+	cfg := &c.s.cfg
+	if cfg.Learner == nil || !Learnable(proto) || !c.dst.IsValid() {
+		return
+	}
+	if cfg.Policy.Current().OriginatesTLS(int(c.dst.Port())) {
+		return
+	}
+	if err := cfg.Learner.LearnDirect(c.dst, proto); err != nil {
+		cfg.Logger.Warn("learn direct", "dst", c.dstAddr, "protocol", string(proto), "err", err)
+		return
+	}
+	cfg.Metrics.learnedDirect(proto)
 }
 
 // pipeThrough copies bytes both ways between the client and up until both
@@ -476,6 +517,11 @@ func (c *conn) silent() Protocol {
 	proto := ProtoSilent
 	if cl.err == nil && len(ul.b) == 0 {
 		proto = cl.proto // the client spoke first, not HTTP/1.x
+	}
+	if len(ul.b) > 0 || proto != ProtoSilent {
+		// The destination spoke first, or the client spoke something
+		// else than HTTP/1.x: either way not one egret can act on.
+		c.learn(proto)
 	}
 	cfg.Metrics.passedThrough(proto)
 	c.s.setState(c, stateTunnel)

@@ -21,6 +21,8 @@ type Metrics struct {
 	requests    *prometheus.CounterVec
 	durations   *prometheus.HistogramVec
 	passthrough *prometheus.CounterVec
+	ptFailures  *prometheus.CounterVec
+	learned     *prometheus.CounterVec
 	lateHTTPs   prometheus.Counter
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
@@ -70,6 +72,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "egret_proxy_passthrough_connections_total",
 			Help: "Transparent connections passed through byte for byte, by detected protocol.",
 		}, []string{"protocol"}),
+		ptFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_passthrough_dial_failures_total",
+			Help: "Transparent connections passed through whose destination could not be dialed, by detected protocol and reason (refused, timeout, unreachable, other). The pod's connection was reset: it saw a connect succeed and then a reset, where without egret its connect would have failed.",
+		}, []string{"protocol", "reason"}),
+		learned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_learned_direct_total",
+			Help: "Destinations learned direct after their connection was sniffed as a protocol egret passes through, by protocol: the pod's next connects to them skip egret until the entry expires.",
+		}, []string{"protocol"}),
 		lateHTTPs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "egret_proxy_late_http_connections_total",
 			Help: "Transparent connections silent past the sniff timeout whose client then sent HTTP/1.x before the destination spoke: served as HTTP, not passed through.",
@@ -87,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Client connections open now.",
 		}),
 	}
-	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
+	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.ptFailures, m.learned, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -168,6 +178,18 @@ func (c budgetCollector) Collect(ch chan<- prometheus.Metric) {
 func (m *Metrics) passedThrough(p Protocol) {
 	if m != nil {
 		m.passthrough.WithLabelValues(string(p)).Inc()
+	}
+}
+
+func (m *Metrics) passthroughDialFailed(p Protocol, reason string) {
+	if m != nil {
+		m.ptFailures.WithLabelValues(string(p), reason).Inc()
+	}
+}
+
+func (m *Metrics) learnedDirect(p Protocol) {
+	if m != nil {
+		m.learned.WithLabelValues(string(p)).Inc()
 	}
 }
 

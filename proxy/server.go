@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -49,6 +50,27 @@ var ErrConfig = errors.New("proxy: invalid config")
 // target. The node agent gives one that dials from the pod's network
 // namespace.
 type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// Learner learns destinations the pod can reach directly: ones egret
+// passes through, where its hop adds nothing and costs the pod the
+// kernel's own answer (a refused connect becomes a reset after the pod
+// wrote). LearnDirect is called from connection goroutines, concurrently,
+// once per connection sniffed as proto; an error is logged, the connection
+// is served all the same.
+type Learner interface {
+	LearnDirect(dst netip.AddrPort, proto Protocol) error
+}
+
+// Learnable reports whether a connection sniffed as p tells that its
+// destination is one egret passes through: every protocol but HTTP/1.x
+// (and an HTTP/1.1 Upgrade, which is HTTP until the switch).
+func Learnable(p Protocol) bool {
+	switch p {
+	case ProtoHTTP1, ProtoUpgrade, "":
+		return false
+	}
+	return true
+}
 
 // PolicySource gives the policy in force now. *policy.Watcher satisfies it;
 // the agent gives each pod a source of its own overlaid policy.
@@ -125,6 +147,15 @@ type Config struct {
 	// header in Explicit mode ("1.1 <Via>"); transparent requests are left
 	// as the workload wrote them.
 	Via string
+
+	// Learner, when set, is told of each transparent connection sniffed
+	// as a protocol egret passes through (Learner says which), so that the
+	// pod's next connects to that destination can go direct; the node
+	// agent's writes the kernel's learned-direct map. Destinations the
+	// policy originates TLS on (Policy.OriginatesTLS) are never learned:
+	// the pod's plain HTTP to them must keep reaching egret. nil: nothing
+	// is learned.
+	Learner Learner
 
 	// Runner, when set, replaces the retry runner (tests of the server
 	// alone). It receives requests whose context carries the Exchange.

@@ -41,6 +41,10 @@ type PodConfig struct {
 	// RedirectLoopback also redirects 127.0.0.0/8, 0.0.0.0, ::1 and ::
 	// (by default they go direct).
 	RedirectLoopback bool
+	// NoLearn turns learned-direct destinations off for the pod: connect4/6
+	// ignore egret_direct for it, LearnDirect refuses with ErrLearningOff,
+	// and setting it deletes what the pod had learned.
+	NoLearn bool
 }
 
 // CgroupID returns the cgroup v2 id of a cgroup directory (its inode
@@ -433,6 +437,9 @@ func (l *Loader) setPodConfig(id uint64, cfg PodConfig) error {
 	if cfg.RedirectLoopback {
 		pc.Flags |= bpf.PodRedirectLoopback
 	}
+	if cfg.NoLearn {
+		pc.Flags |= bpf.PodNoLearn
+	}
 	ports := cfg.ExcludePorts
 	if !cfg.NoDefaultExcludes {
 		ports = append(append([]uint16(nil), ports...), DefaultExcludedPorts...)
@@ -457,6 +464,9 @@ func (l *Loader) setPodConfig(id uint64, cfg PodConfig) error {
 	}
 	if err := l.objs.EgretPods.Put(id, &pc); err != nil {
 		return fmt.Errorf("bpfload: pod config: %w", err)
+	}
+	if cfg.NoLearn {
+		return l.forgetLearned(id)
 	}
 	return nil
 }
@@ -505,13 +515,14 @@ func (l *Loader) deletePodState(id uint64) error {
 	return errors.Join(errs...)
 }
 
-// deletePodConfig deletes the pod's config and exclusions.
+// deletePodConfig deletes the pod's config, exclusions, learned-direct
+// destinations and direct-connection counters.
 func (l *Loader) deletePodConfig(id uint64) error {
 	var errs []error
 	if err := l.objs.EgretPods.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, err)
 	}
-	errs = append(errs, l.deleteExclusions(id))
+	errs = append(errs, l.deleteExclusions(id), l.forgetPodDirect(id))
 	return errors.Join(errs...)
 }
 

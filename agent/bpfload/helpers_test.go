@@ -32,6 +32,12 @@ type env struct {
 
 func setup(t testing.TB) *env {
 	t.Helper()
+	return setupWith(t, bpfload.Options{})
+}
+
+// setupWith is setup with Load options (PinDir is always a fresh one).
+func setupWith(t testing.TB, opts bpfload.Options) *env {
+	t.Helper()
 	testenv.RequireRoot(t)
 	e := &env{pin: filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())}
 	var ids []uint32
@@ -46,7 +52,8 @@ func setup(t testing.TB) *env {
 		}
 	})
 	e.cg = bpftest.NewCgroups(t)
-	l, err := bpfload.Load(bpfload.Options{PinDir: e.pin})
+	opts.PinDir = e.pin
+	l, err := bpfload.Load(opts)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}

@@ -67,6 +67,11 @@ type Options struct {
 	PinDir string
 	// Mark is the SO_MARK of egret's upstream sockets; DefaultMark if 0.
 	Mark uint32
+	// LearnedMax sizes egret_direct, the learned-direct destinations of
+	// all pods together (DefaultLearnedMax if 0). A pin directory whose
+	// egret_direct has another size makes Load fail with
+	// ErrMapIncompatible, as any layout change does.
+	LearnedMax uint32
 }
 
 // Loader owns the loaded programs and the pinned state.
@@ -79,6 +84,11 @@ type Loader struct {
 	trace  map[string]link.Link
 	stale  []StaleCgroup
 	closed bool
+
+	// directMu guards retiredDirect: the learned-direct counters of the
+	// pods detached by this Loader (NodeDirectStats).
+	directMu      sync.Mutex
+	retiredDirect DirectStats
 }
 
 // Probe checks, without loading egret's programs, that the kernel has every
@@ -163,6 +173,9 @@ func Load(opts Options) (*Loader, error) {
 	spec, err := bpf.LoadEgret()
 	if err != nil {
 		return nil, fmt.Errorf("bpfload: parse embedded object: %w", err)
+	}
+	if opts.LearnedMax != 0 {
+		spec.Maps[bpf.EgretMapEgretDirect].MaxEntries = opts.LearnedMax
 	}
 	l := &Loader{pinDir: opts.PinDir, mark: opts.Mark, trace: map[string]link.Link{}}
 	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{
@@ -336,6 +349,7 @@ func (l *Loader) Remove() error {
 	for _, m := range []*ebpf.Map{
 		l.objs.EgretPods, l.objs.EgretGlobals, l.objs.EgretExcl, l.objs.EgretRedirSk,
 		l.objs.EgretTuples, l.objs.EgretWitness, l.objs.EgretEvents,
+		l.objs.EgretDirect, l.objs.EgretDirectSk, l.objs.EgretDirectStats,
 	} {
 		if m != nil && m.IsPinned() {
 			if err := m.Unpin(); err != nil {

@@ -46,7 +46,13 @@ type rawPod struct {
 	ListenPort       int        `yaml:"listen_port"`
 	RedirectLoopback bool       `yaml:"redirect_loopback"`
 	Exclude          rawExclude `yaml:"exclude"`
+	Learn            rawLearn   `yaml:"learn"`
 	Policy           yaml.Node  `yaml:"policy"`
+}
+
+type rawLearn struct {
+	Enabled *bool  `yaml:"enabled"`
+	TTL     string `yaml:"ttl"`
 }
 
 type rawExclude struct {
@@ -152,6 +158,17 @@ func Parse(name string, data []byte) ([]Pod, error) {
 		}
 		if rp.Exclude.DefaultPorts != nil && !*rp.Exclude.DefaultPorts {
 			p.Exclude.NoDefaultPorts = true
+		}
+		if rp.Learn.Enabled != nil && !*rp.Learn.Enabled {
+			p.Learn.Off = true
+		}
+		if rp.Learn.TTL != "" {
+			d, err := time.ParseDuration(rp.Learn.TTL)
+			if err != nil || d <= 0 {
+				fail(i, "learn", "%s: learn ttl %q: a positive duration (e.g. 10m)", what, rp.Learn.TTL)
+			} else {
+				p.Learn.TTL = d
+			}
 		}
 		if rp.Policy.Kind != 0 {
 			b, err := yaml.Marshal(&rp.Policy)

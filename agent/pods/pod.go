@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Pod is one workload put behind egret.
@@ -41,6 +42,21 @@ type Pod struct {
 	// Policy is a policy override (YAML, the policy file's schema) laid
 	// over the node's policy for this pod only; empty for none.
 	Policy []byte
+	// Learn says whether destinations egret passes through (its proxy
+	// sniffed them as not HTTP/1.x) are learned, so that the pod's next
+	// connects to them go direct. On by default.
+	Learn Learning
+}
+
+// Learning configures learned-direct destinations for a pod.
+type Learning struct {
+	// Off: every connect not excluded keeps coming to egret, and a
+	// refused destination egret passes through reaches the pod as a reset
+	// (see agent/README.md).
+	Off bool
+	// TTL is how long a learned destination stays direct; 0 takes the
+	// agent's default (bpfload.DefaultLearnTTL).
+	TTL time.Duration
 }
 
 // Exclusions are destinations a pod reaches directly, never through egret.
@@ -59,7 +75,7 @@ func (p Pod) Equal(q Pod) bool {
 		slices.Equal(p.Exclude.Ports, q.Exclude.Ports) &&
 		slices.Equal(p.Exclude.CIDRs, q.Exclude.CIDRs) &&
 		p.Exclude.NoDefaultPorts == q.Exclude.NoDefaultPorts &&
-		string(p.Policy) == string(q.Policy)
+		string(p.Policy) == string(q.Policy) && p.Learn == q.Learn
 }
 
 // Validate checks the fields a source cannot leave wrong.
@@ -74,6 +90,9 @@ func (p Pod) Validate() error {
 		if !c.IsValid() {
 			return fmt.Errorf("%w: pod %s: invalid excluded CIDR", ErrInvalid, p.Name)
 		}
+	}
+	if p.Learn.TTL < 0 {
+		return fmt.Errorf("%w: pod %s: negative learn TTL %s", ErrInvalid, p.Name, p.Learn.TTL)
 	}
 	return nil
 }

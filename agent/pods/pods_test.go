@@ -20,6 +20,9 @@ const good = `pods:
       ports: [5432, 8443]
       cidrs: [10.0.0.0/8, 192.0.2.7]
       default_ports: false
+    learn:
+      enabled: false
+      ttl: 5m
     policy:
       defaults:
         max_attempts: 2
@@ -44,11 +47,14 @@ func TestParse(t *testing.T) {
 		w.Exclude.CIDRs[1] != netip.MustParsePrefix("192.0.2.7/32") {
 		t.Errorf("web exclusions = %+v", w.Exclude)
 	}
+	if w.Learn != (Learning{Off: true, TTL: 5 * time.Minute}) {
+		t.Errorf("web learn = %+v", w.Learn)
+	}
 	if !strings.Contains(string(w.Policy), "max_attempts: 2") {
 		t.Errorf("policy = %q", w.Policy)
 	}
 	b := ps[1]
-	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts {
+	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts || b.Learn != (Learning{}) {
 		t.Errorf("batch = %+v", b)
 	}
 }
@@ -64,6 +70,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		{"bad port", "pods:\n  - name: a\n    cgroup: a\n    listen_port: 70000\n", "pods.yaml:4: pod a: listen_port 70000"},
 		{"bad type", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      ports: [http]\n", "pods.yaml:5:"},
 		{"bad policy", "pods:\n  - name: a\n    cgroup: a\n    policy:\n      defaults:\n        max_attempts: 0\n", "pods.yaml:4: pod a: policy"},
+		{"bad learn ttl", "pods:\n  - name: a\n    cgroup: a\n    learn:\n      ttl: soon\n", "pods.yaml:4: pod a: learn ttl"},
 		{"syntax", "pods:\n  - name: [\n", "pods.yaml:"},
 	}
 	for _, tc := range cases {

@@ -174,6 +174,27 @@ type Policy struct {
 	files   []string                     // TLS files, watched for rotation
 }
 
+// OriginatesTLS reports whether egret may originate TLS for some
+// destination on port: the defaults do, or an upstream entry for that
+// port (or for any port) does. It answers by port alone, whatever the
+// host: a pod reaches a named upstream at an address the policy cannot
+// know, so a destination on such a port must keep coming to egret (it is
+// never learned direct).
+func (p *Policy) OriginatesTLS(port int) bool {
+	if p == nil {
+		return false
+	}
+	if p.Defaults != nil && p.Defaults.TLS.Enabled {
+		return true
+	}
+	for _, u := range p.Upstreams {
+		if u.TLS.Enabled && (u.Port == 0 || u.Port == port) {
+			return true
+		}
+	}
+	return false
+}
+
 // builtin is the embedded default upstream policy: the spec's simulate
 // defaults with a 15 s overall timeout.
 func builtin() Upstream {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,8 +15,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 // The pods' Go client: this test binary re-executed inside a pod (its
@@ -41,6 +49,8 @@ type request struct {
 	Body    string            `json:"body"`
 	// Load mode: new connection per request, for Duration.
 	Duration time.Duration `json:"duration"`
+	// Connects mode: how many connects.
+	Count int `json:"count,omitempty"`
 }
 
 type response struct {
@@ -90,6 +100,59 @@ func child(mode string) int {
 		if err != nil {
 			r.Err = err.Error()
 		}
+		_ = enc.Encode(r)
+	case "connects":
+		// Count connects to req.URL (tcp://host:port), each as a client
+		// that writes a line at once and reads the answer: how each
+		// ended, counted by what the client saw (connectOutcome).
+		seen := map[string]int{}
+		for range req.Count {
+			seen[connectOutcome(strings.TrimPrefix(req.URL, "tcp://"), req.Body)]++
+		}
+		_ = enc.Encode(seen)
+	case "firstbyte":
+		// Count rounds of connect, write a line, read the first byte of
+		// the answer, close: the total time, and how many failed.
+		var res struct {
+			Nanos  int64 `json:"nanos"`
+			Errors int   `json:"errors"`
+		}
+		addr := strings.TrimPrefix(req.URL, "tcp://")
+		buf := make([]byte, 1)
+		start := time.Now()
+		for range req.Count {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				res.Errors++
+				continue
+			}
+			if _, err := io.WriteString(c, "ping\n"); err != nil {
+				res.Errors++
+			} else if _, err := io.ReadFull(c, buf); err != nil {
+				res.Errors++
+			}
+			c.Close()
+		}
+		res.Nanos = time.Since(start).Nanoseconds()
+		_ = enc.Encode(res)
+	case "grpc":
+		// A gRPC client over h2c (prior knowledge), a new connection per
+		// call: Count health checks, each answer or error counted.
+		seen := map[string]int{}
+		for range max(req.Count, 1) {
+			seen[grpcHealth(strings.TrimPrefix(req.URL, "tcp://"))]++
+		}
+		_ = enc.Encode(seen)
+	case "tls":
+		// One TLS handshake (any certificate) and a line, then close.
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp",
+			strings.TrimPrefix(req.URL, "tcp://"), &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			_ = enc.Encode(response{Err: err.Error()})
+			return 0
+		}
+		r := response{Local: c.NetConn().LocalAddr().String(), Body: c.ConnectionState().NegotiatedProtocol}
+		c.Close()
 		_ = enc.Encode(r)
 	case "get":
 		tr := &http.Transport{DisableKeepAlives: true}
@@ -205,7 +268,7 @@ func (p *pod) goClient(t *testing.T, req request) response {
 
 // childCmd runs this binary as the pod's client in mode; spec, if given,
 // replaces req as its input.
-func (p *pod) childCmd(t *testing.T, mode string, req request, spec ...any) *exec.Cmd {
+func (p *pod) childCmd(t testing.TB, mode string, req request, spec ...any) *exec.Cmd {
 	t.Helper()
 	b, _ := json.Marshal(req)
 	if len(spec) > 0 {
@@ -214,6 +277,70 @@ func (p *pod) childCmd(t *testing.T, mode string, req request, spec ...any) *exe
 	cmd := p.command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "EGRET_E2E_REQ="+string(b))
 	return cmd
+}
+
+// grpcHealth makes one health check over a new h2c connection and names
+// the result: the serving status, or the gRPC code and the cause.
+func grpcHealth(addr string) string {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return "client: " + err.Error()
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		st := status.Convert(err)
+		cause := st.Message()
+		for _, e := range []string{"connection refused", "connection reset by peer", "EOF", "deadline"} {
+			if strings.Contains(cause, e) {
+				cause = e
+				break
+			}
+		}
+		return st.Code().String() + ": " + cause
+	}
+	return resp.GetStatus().String()
+}
+
+// connectOutcome connects to addr, writes line and reads; it returns what
+// the client saw: "connect: <errno>" when the connect failed, else
+// "connected, write: <errno or ok>, read: <errno, EOF or data>".
+func connectOutcome(addr, line string) string {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "connect: " + errnoOf(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	out := "connected, write: "
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		out += errnoOf(err)
+	} else {
+		out += "ok"
+	}
+	out += ", read: "
+	if _, err := c.Read(make([]byte, 64)); err != nil {
+		out += errnoOf(err)
+	} else {
+		out += "data"
+	}
+	return out
+}
+
+// errnoOf names err by its errno (or EOF / timeout) when it has one.
+func errnoOf(err error) string {
+	var en syscall.Errno
+	switch {
+	case errors.As(err, &en):
+		return unix.ErrnoName(en)
+	case errors.Is(err, io.EOF):
+		return "EOF"
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "timeout"
+	}
+	return err.Error()
 }
 
 func localOf(c net.Conn) string {

@@ -45,7 +45,7 @@ func randHex(n int) string {
 // cgroup (sockets belong to the cgroup of the process that creates them)
 // and back at the end, so tests using node must not run in parallel.
 type node struct {
-	t      *testing.T
+	t      testing.TB
 	name   string
 	top    string // cgroup subtree of the test
 	self   string // the agent's cgroup (this process)
@@ -62,7 +62,7 @@ type nodeOpts struct {
 	proxy    proxy.Config
 }
 
-func newNode(t *testing.T, o nodeOpts) *node {
+func newNode(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	testenv.RequireRoot(t)
 	n := &node{t: t, name: Prefix + randHex(4)}
@@ -134,7 +134,7 @@ func newNode(t *testing.T, o nodeOpts) *node {
 // made records the namespaces and interfaces each test created, so the
 // nothing-left check looks only at its own (other tests on the machine may
 // use the same prefixes at the same time).
-var made sync.Map // *testing.T -> *madeBy
+var made sync.Map // testing.TB -> *madeBy
 
 type madeBy struct {
 	mu     sync.Mutex
@@ -142,7 +142,7 @@ type madeBy struct {
 	ifaces []string
 }
 
-func track(t *testing.T) *madeBy {
+func track(t testing.TB) *madeBy {
 	m, _ := made.LoadOrStore(t, &madeBy{})
 	return m.(*madeBy)
 }
@@ -181,7 +181,7 @@ type podOpts struct {
 
 // makePod creates a cgroup and a namespace (with a veth to the host) under
 // the test's names, removed in t.Cleanup.
-func makePod(t *testing.T, top, name string, o podOpts) *pod {
+func makePod(t testing.TB, top, name string, o podOpts) *pod {
 	t.Helper()
 	p := &pod{name: name, cgroup: filepath.Join(top, name), nsName: Prefix + randHex(4)}
 	if err := os.MkdirAll(p.cgroup, 0o755); err != nil {
@@ -212,7 +212,7 @@ func makePod(t *testing.T, top, name string, o podOpts) *pod {
 
 // veth joins the pod to the host: 10.a.b.1/24 and fd00:a:b::1/64 on the
 // host end, .2 and ::2 in the pod with default routes through the host.
-func (p *pod) veth(t *testing.T) {
+func (p *pod) veth(t testing.TB) {
 	t.Helper()
 	b := make([]byte, 2)
 	_, _ = rand.Read(b)
@@ -290,7 +290,7 @@ func (p *pod) veth(t *testing.T) {
 
 // addPod makes a pod and puts it behind the node's agent, waiting until
 // it runs.
-func (n *node) addPod(t *testing.T, name string, o podOpts) *pod {
+func (n *node) addPod(t testing.TB, name string, o podOpts) *pod {
 	t.Helper()
 	p := makePod(t, n.top, name, o)
 	spec := o.spec
@@ -303,7 +303,7 @@ func (n *node) addPod(t *testing.T, name string, o podOpts) *pod {
 	return p
 }
 
-func (n *node) waitPod(t *testing.T, name, state string) agent.PodStatus {
+func (n *node) waitPod(t testing.TB, name, state string) agent.PodStatus {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -331,7 +331,7 @@ func (p *pod) command(name string, args ...string) *exec.Cmd {
 func (p *pod) start(cmd *exec.Cmd) error { return p.ns.Do(cmd.Start) }
 
 // run runs cmd in the pod and returns its standard output.
-func (p *pod) run(t *testing.T, cmd *exec.Cmd) (string, error) {
+func (p *pod) run(t testing.TB, cmd *exec.Cmd) (string, error) {
 	t.Helper()
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -345,7 +345,7 @@ func (p *pod) run(t *testing.T, cmd *exec.Cmd) (string, error) {
 	return out.String(), err
 }
 
-func removeCgroupTree(t *testing.T, dir string) {
+func removeCgroupTree(t testing.TB, dir string) {
 	t.Helper()
 	if err := bpftest.RemoveCgroupTree(dir); err != nil {
 		t.Errorf("remove cgroup tree %s: %v", dir, err)
@@ -354,7 +354,7 @@ func removeCgroupTree(t *testing.T, dir string) {
 
 // assertNothingLeft checks that no cgroup, pin, namespace, interface or
 // program of the test named name remains.
-func assertNothingLeft(t *testing.T, name string, progs []uint32) {
+func assertNothingLeft(t testing.TB, name string, progs []uint32) {
 	t.Helper()
 	for _, p := range []string{
 		filepath.Join(bpfload.CgroupRoot, name),

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Helper()
@@ -14,7 +14,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("EGRET_E2E_LOG") == "" {
 		return slog.New(slog.DiscardHandler)
 	}

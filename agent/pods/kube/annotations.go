@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -39,11 +40,18 @@ const (
 	// AnnotationPolicy is a policy override, YAML of the pods file's
 	// policy: schema, laid over the node's policy for this pod.
 	AnnotationPolicy = AnnotationPrefix + "policy"
+	// AnnotationLearnDirect "false" turns learned-direct destinations off
+	// for the pod (pods.Learning; on by default).
+	AnnotationLearnDirect = AnnotationPrefix + "learn-direct"
+	// AnnotationLearnTTL is how long a learned destination stays direct
+	// (a Go duration, e.g. "10m").
+	AnnotationLearnTTL = AnnotationPrefix + "learn-ttl"
 )
 
 var known = []string{
 	AnnotationEnabled, AnnotationExcludePorts, AnnotationExcludeCIDRs, AnnotationDefaultExcludedPorts,
 	AnnotationRedirectLoopback, AnnotationListenPort, AnnotationPolicy,
+	AnnotationLearnDirect, AnnotationLearnTTL,
 }
 
 // AnnotationError is a pod annotation egret cannot use. The pod is left
@@ -129,6 +137,19 @@ func Parse(pod *corev1.Pod) (pods.Pod, error) {
 				bad(k, `must be "true" or "false"`)
 			}
 			p.RedirectLoopback = b
+		case AnnotationLearnDirect:
+			b, ok := boolean(v)
+			if !ok {
+				bad(k, `must be "true" or "false"`)
+			}
+			p.Learn.Off = ok && !b
+		case AnnotationLearnTTL:
+			d, err := time.ParseDuration(strings.TrimSpace(v))
+			if err != nil || d <= 0 {
+				bad(k, `not a positive duration (e.g. "10m")`)
+				continue
+			}
+			p.Learn.TTL = d
 		case AnnotationListenPort:
 			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 16)
 			if err != nil || n == 0 {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +27,8 @@ func TestParseGoodAnnotations(t *testing.T) {
 		AnnotationRedirectLoopback:     "true",
 		AnnotationListenPort:           "15011",
 		AnnotationPolicy:               "defaults:\n  max_attempts: 2\n",
+		AnnotationLearnDirect:          "false",
+		AnnotationLearnTTL:             "90s",
 		"example.com/other":            "not ours",
 	}))
 	if err != nil {
@@ -41,6 +44,7 @@ func TestParseGoodAnnotations(t *testing.T) {
 		},
 		RedirectLoopback: true,
 		Policy:           []byte("defaults:\n  max_attempts: 2\n"),
+		Learn:            pods.Learning{Off: true, TTL: 90 * time.Second},
 	}
 	if !p.Equal(want) {
 		t.Fatalf("got %+v\nwant %+v", p, want)
@@ -87,6 +91,9 @@ func TestParseBadAnnotations(t *testing.T) {
 		{AnnotationPolicy, "defaults:\n  no_such_field: 1\n", "no_such_field"},
 		{AnnotationPolicy, "budget: {ratio: 0.5}\n", "budget"}, // a node's field, not a pod's
 		{AnnotationPolicy, "defaults: [\n", "pod shop/web policy"},
+		{AnnotationLearnDirect, "off", `must be "true" or "false"`},
+		{AnnotationLearnTTL, "10", "not a positive duration"},
+		{AnnotationLearnTTL, "-1m", "not a positive duration"},
 		{"egret.dev/exclude-port", "5432", "unknown egret annotation"},
 	}
 	for _, c := range cases {
