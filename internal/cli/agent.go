@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -75,7 +77,7 @@ func kernelError(err error) error {
 
 func runAgent(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("agent: unknown subcommand %q (status, pods, upstreams, explain)", c.Args().First()), 2)
+		return unknownCommand("egret agent", c.Command.Subcommands, c.Args().First())
 	}
 	if err := checkPprof(c); err != nil {
 		return err
@@ -100,7 +102,7 @@ func runAgent(c *cli.Context) error {
 	}
 	port := c.Uint("listen-port")
 	if port == 0 || port > 65535 {
-		return cli.Exit("--listen-port must be 1..65535", 2)
+		return usage("--listen-port %d: expected a port number, 1 to 65535", port)
 	}
 	// The pod source: a pods file, or the Kubernetes API. What it reports
 	// goes to the agent (made below, before the source runs).
@@ -229,14 +231,14 @@ func runAgent(c *cli.Context) error {
 // adminCommands ask a running agent, over its admin socket.
 func adminCommands() []*cli.Command {
 	sock := &cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "the agent's admin `SOCKET`"}
-	get := func(name, usage, path string) *cli.Command {
+	get := func(name, help, path string) *cli.Command {
 		return &cli.Command{
 			Name:  name,
-			Usage: usage,
+			Usage: help,
 			Flags: []cli.Flag{sock},
 			Action: func(c *cli.Context) error {
 				if c.NArg() > 0 {
-					return cli.Exit(name+" takes no arguments", 2)
+					return usage("%s takes no arguments", name)
 				}
 				body, err := adminGet(c.String("admin"), path)
 				if err != nil {
@@ -258,9 +260,13 @@ func adminCommands() []*cli.Command {
 			Flags:     []cli.Flag{sock, &cli.BoolFlag{Name: "json", Usage: "print the trace as JSON"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
-					return cli.Exit("explain needs one REQUEST-ID", 2)
+					return usage("explain needs one REQUEST-ID (the Egret-Request-Id of an answer, such as 8e13ac3b035fce95)")
 				}
-				body, err := adminGet(c.String("admin"), "/explain/"+c.Args().First())
+				id := c.Args().First()
+				if !requestID.MatchString(id) {
+					return usage("explain %q: expected a request id, the 16 hex digits of an Egret-Request-Id such as 8e13ac3b035fce95", id)
+				}
+				body, err := adminGet(c.String("admin"), "/explain/"+url.PathEscape(id))
 				if err != nil {
 					return err
 				}
@@ -278,6 +284,10 @@ func adminCommands() []*cli.Command {
 		},
 	}
 }
+
+// requestID is the form of an Egret-Request-Id: nothing else goes into
+// the admin API's path.
+var requestID = regexp.MustCompile(`^[0-9a-f]{16}$`)
 
 func adminGet(sock, path string) ([]byte, error) {
 	resp, err := agent.AdminClient(sock).Get("http://egret" + path)
