@@ -49,7 +49,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` for every pod (watched; default: the embedded defaults)"},
 			&cli.StringFlag{Name: "pin-dir", Value: bpfload.DefaultPinDir, Usage: "bpffs `DIR` for egret's maps and links"},
 			&cli.UintFlag{Name: "listen-port", Value: agent.DefaultListenPort, Usage: "`PORT` of each pod's listeners on 127.0.0.1 and ::1 in its namespace"},
-			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one, or " + agent.DefaultSelfCgroup + " when started in the root)"},
+			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one if the agent is alone in it and it is not the root, else " + agent.DefaultSelfCgroup + " for the default --pin-dir and egret-agent-NAME-HASH beside it for another)"},
 			&cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "unix `SOCKET` of the admin API (\"\" for none)"},
 			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
 			pprofFlag,
@@ -152,8 +152,9 @@ func runAgent(c *cli.Context) error {
 	self := c.String("cgroup")
 	_, statErr := os.Stat(self)
 	if self == "" {
-		_, statErr = os.Stat(agent.DefaultSelfCgroup)
-		self, err = agent.SelfCgroupFor(agent.DefaultSelfCgroup)
+		fallback := agent.SelfCgroupFor(c.String("pin-dir"))
+		_, statErr = os.Stat(fallback)
+		self, err = agent.EnterSelfCgroup(fallback)
 	} else {
 		err = agent.EnterCgroup(self)
 	}
