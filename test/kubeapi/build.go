@@ -136,6 +136,9 @@ func build(t testing.TB) (string, string, error) {
 	}
 	defer lock.Close()
 	waitStart := time.Now()
+	if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		testenv.Progress("kubeapi: waiting for another process's build of kube-apiserver and etcd (cold: about 4 minutes on 2 cores)")
+	}
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return "", "", fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
@@ -150,8 +153,11 @@ func build(t testing.TB) (string, string, error) {
 		return "", "", err
 	}
 	defer os.RemoveAll(tmp)
-	fmt.Fprintf(os.Stderr, "kubeapi: building kube-apiserver and etcd in %s (once per machine; cold: minutes)\n", ToolsDir())
+	testenv.Progress("kubeapi: building kube-apiserver and etcd in %s (once per machine, then cached; about 4 minutes on 2 cores)", ToolsDir())
 	start := time.Now()
+	stopTicks := progressEvery(30*time.Second, func(d time.Duration) {
+		testenv.Progress("kubeapi: still building kube-apiserver and etcd (%v)", d.Round(time.Second))
+	})
 	flags, err := ldflags()
 	if err != nil {
 		return "", "", err
@@ -166,6 +172,7 @@ func build(t testing.TB) (string, string, error) {
 	// flags (a -race of the test command would make the build far slower).
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false")
 	out, err := cmd.CombinedOutput()
+	stopTicks()
 	took := time.Since(start)
 	if err != nil {
 		return "", "", fmt.Errorf("go build (after %v): %v: %s", took.Round(time.Second), err, strings.TrimSpace(string(out)))
@@ -189,4 +196,23 @@ func present(paths ...string) bool {
 		}
 	}
 	return true
+}
+
+// progressEvery calls report with the time elapsed every interval until
+// stop is called: pacing for a person watching, not synchronisation.
+func progressEvery(interval time.Duration, report func(time.Duration)) (stop func()) {
+	start := time.Now()
+	t := time.NewTicker(interval)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				report(time.Since(start))
+			}
+		}
+	}()
+	return func() { t.Stop(); close(done) }
 }
