@@ -668,7 +668,7 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 		buf := *bp
 		if !chunked {
 			if sent == cl {
-				return c.bodyEnds(body)
+				return nil // bodyEnds ran before the last piece left
 			}
 			if int64(len(buf)) > cl-sent {
 				buf = buf[:cl-sent]
@@ -683,6 +683,17 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 		}
 		if n > 0 {
 			sent += int64(n)
+			if !chunked && sent == cl {
+				// The last piece: the source is read to its end before
+				// it leaves, so that its owner knows the body was read
+				// whole by the time the upstream can answer (after it,
+				// the owner could already be done with the exchange),
+				// and an upstream never gets a whole request whose body
+				// was longer than its length.
+				if err := c.bodyEnds(body); err != nil {
+					return err
+				}
+			}
 			if chunked {
 				c.bw.Write(strconv.AppendInt(num[:0], int64(n), 16))
 				c.bw.WriteString("\r\n")

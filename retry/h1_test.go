@@ -349,17 +349,27 @@ func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 			t.Fatalf("%d bytes: the body's end was never read", size)
 		}
 	}
-	// An upstream that has read the 10 bytes answers later than the
-	// excess is found (an early answer is a response, taken as such).
-	slow := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
-		time.Sleep(500 * time.Millisecond)
-		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	// The excess is found before the last byte leaves: the upstream never
+	// has a whole request to answer (it would wait for the 10th byte).
+	bodyBytes := make(chan int64, 1)
+	waits := newRawServer(t, func(c net.Conn, n int) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			bodyBytes <- -1
+			return
+		}
+		k, _ := io.Copy(io.Discard, req.Body)
+		bodyBytes <- k
 	})
 	long := &eofSeen{r: io.MultiReader(strings.NewReader(strings.Repeat("b", 20)))}
-	req, _ := http.NewRequest("PUT", slow.url(), nil)
+	req, _ := http.NewRequest("PUT", waits.url(), nil)
 	req.Body, req.ContentLength = long, 10
-	if _, err := base.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "longer than its Content-Length") {
+	if _, err := base.RoundTrip(req); !errors.Is(err, ErrRequestInvalid) || !strings.Contains(err.Error(), "longer than its Content-Length") {
 		t.Fatalf("long body: %v", err)
+	}
+	// The transport closed the connection: the upstream's read ends.
+	if k := <-bodyBytes; k < 0 || k >= 10 {
+		t.Fatalf("the upstream received %d of the body's 10 bytes, want fewer", k)
 	}
 }
 

@@ -9,8 +9,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
-	"strconv"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/egret-proxy/egret/internal/cgroup2"
+	"github.com/egret-proxy/egret/internal/yamlerr"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
 
@@ -77,8 +79,6 @@ func (e *FileError) Error() string {
 
 // Is makes errors.Is(err, ErrFile) true.
 func (e *FileError) Is(target error) bool { return target == ErrFile }
-
-var yamlLine = regexp.MustCompile(`line (\d+): (.*)`)
 
 // Parse decodes a pods file (name is used in errors). See README.md for the
 // format. Every error is a *FileError with the line it concerns; several
@@ -198,15 +198,36 @@ func yamlErrors(name string, err error) error {
 		}
 		return errors.Join(errs...)
 	}
-	return lineError(name, strings.TrimPrefix(err.Error(), "yaml: "))
+	return lineError(name, err.Error())
 }
 
 func lineError(name, msg string) error {
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		n, _ := strconv.Atoi(m[1])
-		return &FileError{File: name, Line: n, Msg: m[2]}
+	n, msg := yamlerr.Line(msg)
+	// yaml/v3 names the Go type of an unknown key's mapping: say what the
+	// file may hold there instead.
+	if m := unknownField.FindStringSubmatch(msg); m != nil {
+		msg = fmt.Sprintf("unknown field %q (want one of %s)", m[1], fieldsOf[m[2]])
 	}
-	return &FileError{File: name, Msg: msg}
+	return &FileError{File: name, Line: n, Msg: msg}
+}
+
+var unknownField = regexp.MustCompile(`^field (\S+) not found in type pods\.(\w+)$`)
+
+// fieldsOf lists the keys of each mapping of the file, for errors.
+var fieldsOf = map[string]string{
+	"rawFile":    fieldNames(rawFile{}),
+	"rawPod":     fieldNames(rawPod{}),
+	"rawExclude": fieldNames(rawExclude{}),
+}
+
+func fieldNames(v any) string {
+	t := reflect.TypeOf(v)
+	names := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		names = append(names, strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0])
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
 }
 
 // lineIndex finds the line of each pod and of its top-level fields.

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -48,7 +50,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` for every pod (watched; default: the embedded defaults)"},
 			&cli.StringFlag{Name: "pin-dir", Value: bpfload.DefaultPinDir, Usage: "bpffs `DIR` for egret's maps and links"},
 			&cli.UintFlag{Name: "listen-port", Value: agent.DefaultListenPort, Usage: "`PORT` of each pod's listeners on 127.0.0.1 and ::1 in its namespace"},
-			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one, or " + agent.DefaultSelfCgroup + " when started in the root)"},
+			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one if the agent is alone in it and it is not the root, else " + agent.DefaultSelfCgroup + " for the default --pin-dir and egret-agent-NAME-HASH beside it for another)"},
 			&cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "unix `SOCKET` of the admin API (\"\" for none)"},
 			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
 			pprofFlag,
@@ -76,7 +78,7 @@ func kernelError(err error) error {
 
 func runAgent(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("agent: unknown subcommand %q (status, pods, upstreams, explain)", c.Args().First()), 2)
+		return unknownCommand("egret agent", c.Command.Subcommands, c.Args().First())
 	}
 	if err := checkPprof(c); err != nil {
 		return err
@@ -101,7 +103,7 @@ func runAgent(c *cli.Context) error {
 	}
 	port := c.Uint("listen-port")
 	if port == 0 || port > 65535 {
-		return cli.Exit("--listen-port must be 1..65535", 2)
+		return usage("--listen-port %d: expected a port number, 1 to 65535", port)
 	}
 	// The pod source: a pods file, or the Kubernetes API. What it reports
 	// goes to the agent (made below, before the source runs).
@@ -156,8 +158,9 @@ func runAgent(c *cli.Context) error {
 	self := c.String("cgroup")
 	_, statErr := os.Stat(self)
 	if self == "" {
-		_, statErr = os.Stat(agent.DefaultSelfCgroup)
-		self, err = agent.SelfCgroupFor(agent.DefaultSelfCgroup)
+		fallback := agent.SelfCgroupFor(c.String("pin-dir"))
+		_, statErr = os.Stat(fallback)
+		self, err = agent.EnterSelfCgroup(fallback)
 	} else {
 		err = agent.EnterCgroup(self)
 	}
@@ -267,14 +270,14 @@ func runAgent(c *cli.Context) error {
 // adminCommands ask a running agent, over its admin socket.
 func adminCommands() []*cli.Command {
 	sock := &cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "the agent's admin `SOCKET`"}
-	get := func(name, usage, path string) *cli.Command {
+	get := func(name, help, path string) *cli.Command {
 		return &cli.Command{
 			Name:  name,
-			Usage: usage,
+			Usage: help,
 			Flags: []cli.Flag{sock},
 			Action: func(c *cli.Context) error {
 				if c.NArg() > 0 {
-					return cli.Exit(name+" takes no arguments", 2)
+					return usage("%s takes no arguments", name)
 				}
 				body, err := adminGet(c.String("admin"), path)
 				if err != nil {
@@ -296,9 +299,13 @@ func adminCommands() []*cli.Command {
 			Flags:     []cli.Flag{sock, &cli.BoolFlag{Name: "json", Usage: "print the trace as JSON"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
-					return cli.Exit("explain needs one REQUEST-ID", 2)
+					return usage("explain needs one REQUEST-ID (the Egret-Request-Id of an answer, such as 8e13ac3b035fce95)")
 				}
-				body, err := adminGet(c.String("admin"), "/explain/"+c.Args().First())
+				id := c.Args().First()
+				if !requestID.MatchString(id) {
+					return usage("explain %q: expected a request id, the 16 hex digits of an Egret-Request-Id such as 8e13ac3b035fce95", id)
+				}
+				body, err := adminGet(c.String("admin"), "/explain/"+url.PathEscape(id))
 				if err != nil {
 					return err
 				}
@@ -316,6 +323,10 @@ func adminCommands() []*cli.Command {
 		},
 	}
 }
+
+// requestID is the form of an Egret-Request-Id: nothing else goes into
+// the admin API's path.
+var requestID = regexp.MustCompile(`^[0-9a-f]{16}$`)
 
 func adminGet(sock, path string) ([]byte, error) {
 	resp, err := agent.AdminClient(sock).Get("http://egret" + path)

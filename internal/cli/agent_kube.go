@@ -38,23 +38,23 @@ func agentKubeFlags() []cli.Flag {
 func checkPodSource(c *cli.Context) error {
 	switch {
 	case c.String("pods") != "" && c.Bool("kubernetes"):
-		return cli.Exit("agent takes one pod source: --pods FILE or --kubernetes, not both", 2)
+		return usage("agent takes one pod source: --pods FILE or --kubernetes, not both")
 	case c.String("pods") == "" && !c.Bool("kubernetes"):
-		return cli.Exit("agent needs a pod source: --pods FILE (a pods file) or --kubernetes (this node's annotated pods)", 2)
+		return usage("agent needs a pod source: --pods FILE (a pods file) or --kubernetes (this node's annotated pods)")
 	}
 	if !c.Bool("kubernetes") {
 		for _, f := range []string{"kubeconfig", "cgroup-driver", "kubelet-cgroup-root", "cgroup-root"} {
 			if c.IsSet(f) {
-				return cli.Exit(fmt.Sprintf("--%s is for --kubernetes", f), 2)
+				return usage("--%s is for --kubernetes", f)
 			}
 		}
 		return nil
 	}
 	if c.String("node-name") == "" {
-		return cli.Exit("--kubernetes needs this node's name: --node-name NAME or NODE_NAME (the DaemonSet sets it from the downward API, spec.nodeName)", 2)
+		return usage("--kubernetes needs this node's name: --node-name NAME or NODE_NAME (the DaemonSet sets it from the downward API, spec.nodeName)")
 	}
 	if _, err := kube.ParseDriver(c.String("cgroup-driver")); err != nil {
-		return cli.Exit("--cgroup-driver must be auto, cgroupfs or systemd", 2)
+		return usage("--cgroup-driver must be auto, cgroupfs or systemd")
 	}
 	return nil
 }

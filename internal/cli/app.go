@@ -1,10 +1,15 @@
 // Package cli wires egret's subcommands (urfave/cli v2). Each subcommand
 // lives in its own file and only parses flags and calls into its package.
+//
+// Its manners are those of go, kubectl and cilium: a usage error is printed
+// once, with a one-line hint, and exits 2 (ExitUsage); a failure exits 1
+// (ExitFailure); an unknown command or flag names the closest one.
 package cli
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/urfave/cli/v2"
@@ -12,18 +17,45 @@ import (
 
 // App builds the egret command line.
 func App() *cli.App {
-	return &cli.App{
-		Name:  "egret",
-		Usage: "truthful egress HTTP retries for Kubernetes pods",
-		// The agent's admin calls (status, pods, upstreams, explain) stand
-		// at the top as well as under `egret agent`.
-		Commands: append([]*cli.Command{
-			simulateCommand(),
-			proxyCommand(),
-			agentCommand(), runCommand(),
-		}, adminCommands()...),
+	cmds := append([]*cli.Command{
+		simulateCommand(),
+		proxyCommand(),
+		agentCommand(), runCommand(),
+		// The agent's admin calls (status, pods, upstreams, explain)
+		// stand at the top as well as under `egret agent`.
+	}, append(adminCommands(), versionCommand())...)
+	withManners(cmds, "egret")
+	app := &cli.App{
+		Name:     "egret",
+		HelpName: "egret",
+		Usage:    "truthful egress HTTP retries for Kubernetes pods",
+		Commands: cmds,
+		// --version is egret's own flag (urfave's would also take -v).
+		HideVersion: true,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "version", Usage: "print egret's version and exit"},
+		},
 		HideHelpCommand: true,
+		Action: func(c *cli.Context) error {
+			switch {
+			case c.Bool("version"):
+				fmt.Fprintln(c.App.Writer, versionLine())
+				return nil
+			case c.NArg() == 0:
+				// As `go` alone: the help, on stderr, and a usage status.
+				w := c.App.Writer
+				c.App.Writer = c.App.ErrWriter
+				_ = cli.ShowAppHelp(c)
+				c.App.Writer = w
+				return cli.Exit("", ExitUsage)
+			}
+			return unknownCommand("egret", c.App.Commands, c.Args().First())
+		},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return flagError(nil, "egret", err)
+		},
 	}
+	return app
 }
 
 // exitCoder lets a command choose its exit status without printing twice.
@@ -31,19 +63,29 @@ type exitCoder interface{ ExitCode() int }
 
 // Main runs egret with args and returns the process exit status.
 func Main(args []string) int {
-	app := App()
-	app.ExitErrHandler = func(*cli.Context, error) {} // Main reports errors itself
+	return run(App(), args, os.Stderr)
+}
+
+// run runs app and reports its error, once, on stderr.
+func run(app *cli.App, args []string, stderr io.Writer) int {
+	app.ErrWriter = stderr
+	app.ExitErrHandler = func(*cli.Context, error) {} // run reports errors itself
 	err := app.Run(args)
 	if err == nil {
 		return 0
 	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "egret: %s\n%s\n", ue.msg, ue.hint())
+		return ExitUsage
+	}
 	var ec exitCoder
 	if errors.As(err, &ec) {
 		if msg := err.Error(); msg != "" {
-			fmt.Fprintln(os.Stderr, "egret:", msg)
+			fmt.Fprintln(stderr, "egret:", msg)
 		}
 		return ec.ExitCode()
 	}
-	fmt.Fprintln(os.Stderr, "egret:", err)
-	return 1
+	fmt.Fprintln(stderr, "egret:", err)
+	return ExitFailure
 }

@@ -26,7 +26,7 @@ func newLogger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, nil)), nil
 	}
-	return nil, cli.Exit("--log-format must be text or json", 2)
+	return nil, usage("--log-format %s: expected text or json", c.String("log-format"))
 }
 
 // Paths served on the --metrics address besides /metrics: the probes of a
@@ -87,7 +87,7 @@ var heapFloorFlag = &cli.StringFlag{Name: "heap-floor", Value: "16MiB", Usage: "
 func startHeapFloor(c *cli.Context) (stop func(), err error) {
 	n, err := policy.ParseSize(c.String("heap-floor"))
 	if err != nil {
-		return nil, cli.Exit("--heap-floor: "+err.Error(), 2)
+		return nil, usage("--heap-floor: %v (0 for GOGC alone)", err)
 	}
 	return heapfloor.Start(uint64(n)), nil
 }
@@ -98,7 +98,7 @@ var pprofFlag = &cli.BoolFlag{Name: "pprof", Usage: "also serve Go's profiles un
 // checkPprof refuses --pprof without a --metrics address to serve it on.
 func checkPprof(c *cli.Context) error {
 	if c.Bool("pprof") && c.String("metrics") == "" {
-		return cli.Exit("--pprof needs --metrics ADDR (the profiles are served beside /metrics)", 2)
+		return usage("--pprof needs --metrics ADDR (the profiles are served beside /metrics)")
 	}
 	return nil
 }

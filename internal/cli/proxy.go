@@ -44,22 +44,39 @@ func proxyCommand() *cli.Command {
 	}
 }
 
+// checkListen refuses a listen address that is not HOST:PORT, saying what
+// is expected, and a non-loopback one unless --allow-remote: only that
+// refusal names --allow-remote.
+func checkListen(flag, addr string, allow bool) error {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return usage("%s %s: expected HOST:PORT, such as 127.0.0.1:15001 or [::1]:15001", flag, addr)
+	}
+	err := proxy.CheckListen(addr, allow)
+	if errors.Is(err, proxy.ErrRemoteListen) {
+		return usage("%s %s: not a loopback address; pass --allow-remote to serve remote clients (an open proxy to whoever reaches it)", flag, addr)
+	}
+	if err != nil {
+		return usage("%s %v", flag, err)
+	}
+	return nil
+}
+
 func runProxy(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit("proxy takes no arguments", 2)
+		return usage("proxy takes no arguments")
 	}
 	if err := checkPprof(c); err != nil {
 		return err
 	}
 	allow := c.Bool("allow-remote")
 	listen := c.String("listen")
-	if err := proxy.CheckListen(listen, allow); err != nil {
-		return cli.Exit(err.Error()+"; pass --allow-remote to accept it", 2)
+	if err := checkListen("--listen", listen, allow); err != nil {
+		return err
 	}
 	metricsAddr := c.String("metrics")
 	if metricsAddr != "" {
-		if err := proxy.CheckListen(metricsAddr, allow); err != nil {
-			return cli.Exit("--metrics: "+err.Error(), 2)
+		if err := checkListen("--metrics", metricsAddr, allow); err != nil {
+			return err
 		}
 	}
 	stopFloor, err := startHeapFloor(c)

@@ -293,7 +293,7 @@ func TestProxyCommandRefusesRemoteListen(t *testing.T) {
 	app := App()
 	app.ExitErrHandler = func(*ucli.Context, error) {}
 	err := app.Run([]string{"egret", "proxy", "--listen", "0.0.0.0:0"})
-	if err == nil || !strings.Contains(err.Error(), "not loopback") {
+	if err == nil || !strings.Contains(err.Error(), "not a loopback address") {
 		t.Fatalf("non-loopback listen: %v", err)
 	}
 }

@@ -59,7 +59,7 @@ func randSuffix() string {
 func runRun(c *cli.Context) error {
 	args := c.Args().Slice()
 	if len(args) == 0 {
-		return cli.Exit("run needs a command: egret run [--netns host|new] -- CMD [ARGS...]", 2)
+		return usage("run needs a command: egret run [--netns host|new] -- CMD [ARGS...]")
 	}
 	stopFloor, err := startHeapFloor(c)
 	if err != nil {
@@ -78,7 +78,7 @@ func runRun(c *cli.Context) error {
 	}
 	mode := c.String("netns")
 	if mode != "host" && mode != "new" {
-		return cli.Exit("--netns must be host or new", 2)
+		return usage("--netns %s: expected host or new", mode)
 	}
 	if _, err := exec.LookPath(args[0]); err != nil {
 		return cli.Exit(err.Error(), 127)

@@ -25,7 +25,7 @@ func simulateCommand() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 1 {
-				return cli.Exit("simulate takes at most one FILE", 2)
+				return usage("simulate takes at most one FILE")
 			}
 			var in io.Reader = os.Stdin
 			if c.NArg() == 1 && c.Args().First() != "-" {

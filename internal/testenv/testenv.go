@@ -7,8 +7,10 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -38,4 +40,27 @@ func Require(t testing.TB, ok bool, why string) {
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	Require(t, os.Geteuid() == 0, "root (euid 0)")
+}
+
+// ProgressPrefix starts every Progress line: test/gotest shows such lines
+// of the test output as they come.
+const ProgressPrefix = "progress: "
+
+// Progress reports a long preparation (a build of minutes) where the person
+// running the tests sees it while it happens: go test shows nothing of a
+// package that passes, and nothing before it ends. The line goes to
+// /dev/tty when the process has a controlling terminal (a person ran go
+// test), else to stderr, where test/gotest (the README's test command and
+// CI's) shows it at once.
+func Progress(format string, args ...any) {
+	line := ProgressPrefix + fmt.Sprintf(format, args...)
+	if !strings.HasSuffix(line, "\n") {
+		line += "\n"
+	}
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		fmt.Fprint(tty, line)
+		tty.Close()
+		return
+	}
+	fmt.Fprint(os.Stderr, line)
 }

@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/yamlerr"
 )
 
 // The file is decoded from a yaml.Node tree rather than into structs: each
@@ -109,8 +110,6 @@ func (d *decoder) posOf(n *yaml.Node, path string) pos {
 	return pos{file: d.file, line: n.Line, col: n.Column, path: path}
 }
 
-var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 // decodeDoc parses data into a rawDoc, collecting every problem it finds.
 func (d *decoder) decodeDoc(data []byte) *rawDoc {
 	doc := &rawDoc{file: d.file}
@@ -163,14 +162,7 @@ func (d *decoder) decodeDoc(data []byte) *rawDoc {
 }
 
 func (d *decoder) syntax(err error) {
-	msg := err.Error()
-	line := 0
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		line, _ = strconv.Atoi(m[1])
-		msg = m[2]
-	} else {
-		msg = strings.TrimPrefix(msg, "yaml: ")
-	}
+	line, msg := yamlerr.Line(err.Error())
 	d.errs = append(d.errs, &Error{File: d.file, Line: line, Msg: msg, Err: ErrSyntax})
 }
 

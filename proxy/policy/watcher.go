@@ -48,8 +48,9 @@ type Watcher struct {
 }
 
 // NewWatcher loads the policy file at path and returns a Watcher serving it.
-// A missing or bad file is an error here: egret does not start on a policy
-// other than the one it was given. logger nil means slog.Default(); reg nil
+// A missing or bad file is an error here, returned and not logged (the
+// caller reports it, once): egret does not start on a policy other than
+// the one it was given. logger nil means slog.Default(); reg nil
 // means no metrics.
 func NewWatcher(path string, logger *slog.Logger, reg prometheus.Registerer) (*Watcher, error) {
 	if logger == nil {
@@ -193,10 +194,10 @@ func (w *Watcher) refused(err error) {
 	case errors.As(err, &e):
 		attrs = append(attrs, "line", e.Line)
 	}
+	// The first load's refusal is NewWatcher's error: its caller reports
+	// it, once.
 	if w.cur.Load() != nil {
 		w.logger.Error("policy refused; keeping the running policy", attrs...)
-	} else {
-		w.logger.Error("policy refused", attrs...)
 	}
 }
 

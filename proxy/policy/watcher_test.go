@@ -368,3 +368,22 @@ func TestWatcherRetriesWhenNamedFileAppears(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "later"), "ca.pem", string(data))
 	eventually(t, "a reload once the CA is back", func() bool { return reloads(t, r.reg, "success") > successes })
 }
+
+// A policy refused at start is the caller's error to report: NewWatcher
+// returns it with its line and logs nothing, so egret prints it once.
+func TestNewWatcherRefusalIsReturnedNotLogged(t *testing.T) {
+	dir := t.TempDir()
+	path := writeFile(t, dir, "policy.yaml", "defaults:\n  max_attempts: 3\n  routes: [1\n  timeout: 2s\n")
+	var logs syncBuffer
+	_, err := NewWatcher(path, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
+	if err == nil {
+		t.Fatal("a policy that does not parse was accepted")
+	}
+	// The unclosed list starts on line 3 (yaml/v3 alone says line 2).
+	if want := path + ":3: did not find expected ',' or ']'"; err.Error() != want {
+		t.Errorf("error %q, want %q", err, want)
+	}
+	if logs.String() != "" {
+		t.Errorf("the refusal was also logged: %s", logs.String())
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/internal/testenv"
@@ -170,11 +171,55 @@ func nothingLeftByRun(t *testing.T) {
 	before := runLeftovers()
 	t.Cleanup(func() {
 		for x := range runLeftovers() {
-			if !before[x] {
+			if !before[x] && !runAlive(x) {
 				t.Errorf("left behind by egret run: %s", x)
 			}
 		}
 	})
+}
+
+// runAlive reports whether the run a leftover (path or "interface NAME")
+// belongs to is still going on: its egret process is in its cgroup.
+// Another package's tests may run egret run at the same time; what they
+// have while they run is not left behind.
+func runAlive(leftover string) bool {
+	suffix := leftover[len(leftover)-8:]
+	runs, _ := filepath.Glob(filepath.Join(bpfload.CgroupRoot, "egret-run-*"+suffix))
+	for _, r := range runs {
+		if b, err := os.ReadFile(filepath.Join(r, "egret", "cgroup.procs")); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// removeRun removes what the egret run name made, if it is still there:
+// its processes, cgroups, pins, network namespace and veth. For a test
+// that kills a run, so that a failure leaves nothing behind.
+func removeRun(t *testing.T, name string) {
+	top := filepath.Join(bpfload.CgroupRoot, name)
+	for _, sub := range []string{"cmd", "egret"} {
+		dir := filepath.Join(top, sub)
+		// cgroup.kill ends every process in it at once (Linux 5.14).
+		if os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0) == nil {
+			waitEmpty(t, dir)
+		}
+		_ = os.Remove(dir)
+	}
+	_ = os.Remove(top)
+	_ = os.RemoveAll(filepath.Join("/sys/fs/bpf", name))
+	if l, err := netlink.LinkByName("egr" + name[len(name)-8:]); err == nil {
+		_ = netlink.LinkDel(l)
+	}
+	if _, err := os.Stat(filepath.Join("/run/netns", name)); err == nil {
+		_ = syscall.Unmount(filepath.Join("/run/netns", name), syscall.MNT_DETACH)
+		_ = os.Remove(filepath.Join("/run/netns", name))
+	}
+	for x := range runLeftovers() {
+		if strings.Contains(x, name[len(name)-8:]) {
+			t.Errorf("could not remove %s", x)
+		}
+	}
 }
 
 // TestEgretRunCollectsWhatAKilledRunLeft: an `egret run` killed with
@@ -184,32 +229,39 @@ func TestEgretRunCollectsWhatAKilledRunLeft(t *testing.T) {
 	testenv.RequireRoot(t)
 	nothingLeftByRun(t)
 	bin := egretBinary(t)
-	before := runLeftovers()
-	victim := exec.Command(bin, "run", "-q", "--netns", "new", "--", "sleep", "300")
+	// The command says when it runs, and its pid, whose cgroup names the
+	// run (another egret run may be starting at the same time).
+	victim := exec.Command(bin, "run", "-q", "--netns", "new", "--", "sh", "-c", "echo $$; exec sleep 300")
+	out, err := victim.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := victim.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { victim.Process.Kill(); victim.Wait() })
+	var pid int
+	if _, err := fmt.Fscan(out, &pid); err != nil {
+		t.Fatalf("egret run did not start its command: %v", err)
+	}
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var name string
-	for range 500 {
-		for x := range runLeftovers() {
-			if !before[x] && strings.HasPrefix(x, "/sys/fs/bpf/egret-run-") {
-				name = strings.TrimPrefix(x, "/sys/fs/bpf/")
-			}
+	for _, l := range strings.Split(string(cg), "\n") {
+		if rest, ok := strings.CutPrefix(l, "0::/"); ok && strings.HasPrefix(rest, "egret-run-") {
+			name = strings.TrimSuffix(rest, "/cmd")
 		}
-		if name != "" {
-			if _, err := os.Stat("/run/netns/" + name); err == nil {
-				break
-			}
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	if name == "" {
-		t.Fatal("egret run did not start")
+		t.Fatalf("the command is not in an egret run's cgroup: %q", cg)
 	}
-	time.Sleep(200 * time.Millisecond) // the command is running
+	// Whatever happens below, nothing of the killed run stays.
+	t.Cleanup(func() { removeRun(t, name) })
 	victim.Process.Kill()
 	victim.Wait()
-	top := filepath.Join("/sys/fs/cgroup/unified", name)
+	top := filepath.Join(bpfload.CgroupRoot, name)
 	procs, _ := os.ReadFile(filepath.Join(top, "cmd", "cgroup.procs"))
 	if len(strings.TrimSpace(string(procs))) == 0 {
 		t.Fatal("the killed run's command is not running")
@@ -219,12 +271,12 @@ func TestEgretRunCollectsWhatAKilledRunLeft(t *testing.T) {
 	if err := os.Chtimes(top, old, old); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(bin, "run", "--", "true").CombinedOutput()
+	collected, err := exec.Command(bin, "run", "--", "true").CombinedOutput()
 	if err != nil {
-		t.Fatalf("egret run: %v\n%s", err, out)
+		t.Fatalf("egret run: %v\n%s", err, collected)
 	}
-	if !strings.Contains(string(out), "removed what an earlier egret run left") {
-		t.Fatalf("not collected:\n%s", out)
+	if !strings.Contains(string(collected), "removed what an earlier egret run left") {
+		t.Fatalf("not collected:\n%s", collected)
 	}
 	for x := range runLeftovers() {
 		if strings.Contains(x, name) || strings.Contains(x, "egr"+name[len(name)-8:]) {
@@ -232,4 +284,37 @@ func TestEgretRunCollectsWhatAKilledRunLeft(t *testing.T) {
 		}
 	}
 	t.Logf("a SIGKILLed egret run (%s: pins, cgroups with its command, namespace, veth) was removed by the next one", name)
+}
+
+// waitEmpty waits until the cgroup dir holds no process: its
+// cgroup.events says "populated 0", and the kernel notifies a change of
+// that file to inotify.
+func waitEmpty(t *testing.T, dir string) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer unix.Close(fd)
+	events := filepath.Join(dir, "cgroup.events")
+	if _, err := unix.InotifyAddWatch(fd, events, unix.IN_MODIFY); err != nil {
+		return // gone already
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 4096)
+	for {
+		b, err := os.ReadFile(events)
+		if err != nil || strings.Contains(string(b), "populated 0") {
+			return
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Errorf("%s: processes still there after cgroup.kill", dir)
+			return
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, _ := unix.Poll(pfd, int(left.Milliseconds())+1); n > 0 {
+			_, _ = unix.Read(fd, buf)
+		}
+	}
 }

@@ -176,6 +176,9 @@ func Build(names ...string) (map[string]string, error) {
 	}
 	defer lock.Close()
 	waitStart := time.Now()
+	if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		testenv.Progress("kubeapi: waiting for another process's build of the Kubernetes programs")
+	}
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
@@ -187,7 +190,7 @@ func Build(names ...string) (map[string]string, error) {
 		}
 	}
 	if len(missing) == 0 {
-		progress(fmt.Sprintf("kubeapi: waited %v for another process's build", time.Since(waitStart).Round(time.Second)))
+		testenv.Progress("kubeapi: waited %v for another process's build", time.Since(waitStart).Round(time.Second))
 		return paths, nil
 	}
 
@@ -200,8 +203,11 @@ func Build(names ...string) (map[string]string, error) {
 	for _, p := range missing {
 		what = append(what, p.name)
 	}
-	progress(fmt.Sprintf("kubeapi: building %s in %s (once per machine; cold: minutes, see test/kubeapi/README.md)", strings.Join(what, ", "), ToolsDir()))
+	testenv.Progress("kubeapi: building %s in %s (once per machine, then cached; cold: minutes to tens of minutes on 2 cores, see test/kubeapi/README.md)", strings.Join(what, ", "), ToolsDir())
 	start := time.Now()
+	stopTicks := progressEvery(30*time.Second, func(d time.Duration) {
+		testenv.Progress("kubeapi: still building %s (%v)", strings.Join(what, ", "), d.Round(time.Second))
+	})
 	flags, err := ldflags()
 	if err != nil {
 		return nil, err
@@ -216,6 +222,7 @@ func Build(names ...string) (map[string]string, error) {
 	// flags (a -race of the test command would make the build far slower).
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false")
 	out, err := cmd.CombinedOutput()
+	stopTicks()
 	took := time.Since(start)
 	if err != nil {
 		return nil, fmt.Errorf("go build (after %v): %v: %s", took.Round(time.Second), err, strings.TrimSpace(string(out)))
@@ -230,19 +237,8 @@ func Build(names ...string) (map[string]string, error) {
 		_, _ = f.WriteString(info)
 		f.Close()
 	}
-	progress(fmt.Sprintf("kubeapi: built %s in %v (cached in %s)", strings.Join(what, ", "), took.Round(time.Second), dir))
+	testenv.Progress("kubeapi: built %s in %v (cached in %s)", strings.Join(what, ", "), took.Round(time.Second), dir)
 	return paths, nil
-}
-
-// progress tells a person waiting on a long build what is happening: on
-// standard error, and on the controlling terminal when there is one,
-// since go test shows a passing package's output only with -v.
-func progress(msg string) {
-	fmt.Fprintln(os.Stderr, msg)
-	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-		fmt.Fprintln(tty, msg)
-		tty.Close()
-	}
 }
 
 func present(paths ...string) bool {
@@ -252,4 +248,23 @@ func present(paths ...string) bool {
 		}
 	}
 	return true
+}
+
+// progressEvery calls report with the time elapsed every interval until
+// stop is called: pacing for a person watching, not synchronisation.
+func progressEvery(interval time.Duration, report func(time.Duration)) (stop func()) {
+	start := time.Now()
+	t := time.NewTicker(interval)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				report(time.Since(start))
+			}
+		}
+	}()
+	return func() { t.Stop(); close(done) }
 }
