@@ -1,0 +1,267 @@
+// Command testbin is the one program of test/kubenode's images (static,
+// no libc): the pod sandbox's pause process, and the clients the tests run
+// in pods.
+//
+//	testbin pause                     sleep until SIGTERM/SIGINT, reaping children
+//	testbin get [-X METHOD] [-d BODY] URL [NAME: VALUE]...
+//	                                  one request; prints the status line, the headers and the body
+//	testbin loop -url URL [-listen :8080] [-interval 20ms] [-timeout 5s]
+//	                                  a new connection per request, forever; counts served
+//	                                  at /stats (JSON) and zeroed by /reset
+//	testbin get-until-egret URL [NAME: VALUE]...
+//	                                  GET URL plainly until egret answers (60 s at most), then get
+//	testbin probe-once FILE           exit 1 the first time (creating FILE), 0 after
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: testbin pause|get|loop|probe-once ...")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "pause":
+		pause()
+	case "get":
+		os.Exit(get(os.Args[2:]))
+	case "get-until-egret":
+		os.Exit(getUntilEgret(os.Args[2:]))
+	case "loop":
+		loop(os.Args[2:])
+	case "probe-once":
+		if len(os.Args) != 3 {
+			os.Exit(2)
+		}
+		if _, err := os.Stat(os.Args[2]); err == nil {
+			os.Exit(0)
+		}
+		_ = os.WriteFile(os.Args[2], []byte("failed once\n"), 0o644)
+		os.Exit(1)
+	default:
+		fmt.Fprintln(os.Stderr, "testbin: unknown command", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+func pause() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for s := range c {
+		if s != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var ws syscall.WaitStatus
+			if pid, _ := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil); pid <= 0 {
+				break
+			}
+		}
+	}
+}
+
+func get(args []string) int {
+	fs := flag.NewFlagSet("get", flag.ContinueOnError)
+	method := fs.String("X", http.MethodGet, "method")
+	data := fs.String("d", "", "body")
+	if err := fs.Parse(args); err != nil || fs.NArg() < 1 {
+		fmt.Fprintln(os.Stderr, "usage: testbin get [-X METHOD] [-d BODY] URL [NAME: VALUE]...")
+		return 2
+	}
+	var body io.Reader
+	if *data != "" {
+		body = strings.NewReader(*data)
+	}
+	req, err := http.NewRequest(*method, fs.Arg(0), body)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	for _, h := range fs.Args()[1:] {
+		k, v, ok := strings.Cut(h, ":")
+		if !ok {
+			fmt.Fprintln(os.Stderr, "bad header", h)
+			return 2
+		}
+		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Do(req)
+	if err != nil {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	fmt.Printf("%s %s\n", resp.Proto, resp.Status)
+	keys := make([]string, 0, len(resp.Header))
+	for k := range resp.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Printf("%s: %s\n", k, strings.Join(resp.Header[k], ", "))
+	}
+	fmt.Println()
+	_, _ = io.Copy(os.Stdout, resp.Body)
+	return 0
+}
+
+// Stats are loop's counts since the last reset.
+type Stats struct {
+	Since          time.Time `json:"since"`
+	Requests       int       `json:"requests"`
+	ViaEgret       int       `json:"via_egret"`
+	Direct         int       `json:"direct"`
+	FailedConnects int       `json:"failed_connects"`
+	FailedRequests int       `json:"failed_requests"`
+	Hung           int       `json:"hung"`
+	BadStatus      int       `json:"bad_status"`
+	// DirectRuns are the stretches of consecutive direct answers, in
+	// milliseconds from the first to the last of each (a restart's gap).
+	DirectRuns []Run     `json:"direct_runs"`
+	Errors     []string  `json:"errors"`
+	LastEgret  time.Time `json:"last_egret"`
+}
+
+// Run is one stretch of direct answers.
+type Run struct {
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end"`
+	Requests int       `json:"requests"`
+	// Gap is from the last answer through egret before the run to the
+	// first one after it, in milliseconds (0 while the run lasts).
+	GapMS float64 `json:"gap_ms"`
+}
+
+func loop(args []string) {
+	fs := flag.NewFlagSet("loop", flag.ExitOnError)
+	url := fs.String("url", "", "the URL to GET")
+	listen := fs.String("listen", ":8080", "where /stats and /reset are served")
+	interval := fs.Duration("interval", 20*time.Millisecond, "pause between requests")
+	timeout := fs.Duration("timeout", 5*time.Second, "a request longer than this is hung")
+	_ = fs.Parse(args)
+	var mu sync.Mutex
+	st := Stats{Since: time.Now()}
+	var cur *Run
+	var lastEgret time.Time
+	http.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		out := st
+		out.DirectRuns = append([]Run(nil), st.DirectRuns...)
+		if cur != nil {
+			out.DirectRuns = append(out.DirectRuns, *cur)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	http.HandleFunc("/reset", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		st = Stats{Since: time.Now()}
+		cur = nil
+	})
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	go func() { _ = http.Serve(ln, nil) }()
+
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for n := 0; ; n++ {
+		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, *url, nil)
+		req.Header.Set("Ledger-Id", "loop-"+strconv.Itoa(os.Getpid())+"-"+strconv.Itoa(n))
+		resp, err := client.Do(req)
+		now := time.Now()
+		mu.Lock()
+		st.Requests++
+		switch {
+		case err != nil:
+			var op *net.OpError
+			switch {
+			case errors.Is(err, context.DeadlineExceeded):
+				st.Hung++
+			case errors.As(err, &op) && op.Op == "dial":
+				st.FailedConnects++
+			default:
+				st.FailedRequests++
+			}
+			if len(st.Errors) < 20 {
+				st.Errors = append(st.Errors, now.Format(time.RFC3339Nano)+" "+err.Error())
+			}
+		case resp.Header.Get("Egret-Attempts") != "":
+			st.ViaEgret++
+			if cur != nil {
+				cur.GapMS = float64(now.Sub(lastEgret).Microseconds()) / 1000
+				st.DirectRuns = append(st.DirectRuns, *cur)
+				cur = nil
+			}
+			lastEgret = now
+			st.LastEgret = now
+		default:
+			st.Direct++
+			if cur == nil {
+				cur = &Run{Start: now}
+			}
+			cur.End = now
+			cur.Requests++
+		}
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				st.BadStatus++
+			}
+		}
+		mu.Unlock()
+		cancel()
+		time.Sleep(*interval)
+	}
+}
+
+// getUntilEgret waits (asking without the headers, so that no fault is
+// spent) until the pod's connects reach egret, then does get.
+func getUntilEgret(args []string) int {
+	if len(args) < 1 {
+		return 2
+	}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(60 * time.Second)
+	for n := 0; ; n++ {
+		req, _ := http.NewRequest(http.MethodGet, args[0], nil)
+		req.Header.Set("Ledger-Id", fmt.Sprintf("until-egret-%d-%d", os.Getpid(), n))
+		resp, err := c.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.Header.Get("Egret-Attempts") != "" {
+				fmt.Printf("egret answered after %d plain requests\n", n+1)
+				return get(args)
+			}
+		}
+		if time.Now().After(deadline) {
+			fmt.Println("ERROR egret never answered")
+			return 1
+		}
+		time.Sleep(100 * time.Millisecond) // pacing, not synchronisation: the agent is not ours to wait on
+	}
+}
