@@ -115,6 +115,7 @@ func (c *cluster) agentPods(t testing.TB, p *corev1.Pod) (map[string]agent.PodSt
 	if err != nil {
 		return nil, err
 	}
+	defer hc.CloseIdleConnections() // one connection per call, closed: the agent's descriptors are counted
 	defer resp.Body.Close()
 	var list []agent.PodStatus
 	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {

@@ -30,6 +30,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -846,28 +847,44 @@ func describe(p *corev1.Pod) string {
 }
 
 // ContainerLog returns the current log of a pod's container, as the
-// kubelet wrote it (CRI format lines, the message after the third
-// field).
+// kubelet wrote it (the message of each CRI log line).
 func (n *Node) ContainerLog(ns, pod, container string) string {
-	m, _ := filepath.Glob(filepath.Join(n.Dir, "pod-logs", ns+"_"+pod+"_*", container, "*.log"))
+	files := n.OpenContainerLog(ns, pod, container)
 	var out strings.Builder
-	for _, f := range m {
-		file, err := os.Open(f)
-		if err != nil {
-			continue
+	for _, f := range files {
+		out.WriteString(ReadCRILog(f))
+		f.Close()
+	}
+	return out.String()
+}
+
+// OpenContainerLog opens the log files of a pod's container: read them
+// with ReadCRILog even after the kubelet removed them with the pod.
+func (n *Node) OpenContainerLog(ns, pod, container string) []*os.File {
+	m, _ := filepath.Glob(filepath.Join(n.Dir, "pod-logs", ns+"_"+pod+"_*", container, "*.log"))
+	var out []*os.File
+	for _, p := range m {
+		if f, err := os.Open(p); err == nil {
+			out = append(out, f)
 		}
-		sc := bufio.NewScanner(file)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			parts := strings.SplitN(sc.Text(), " ", 4)
-			if len(parts) == 4 {
-				out.WriteString(parts[3])
-				if parts[2] == "F" {
-					out.WriteByte('\n')
-				}
+	}
+	return out
+}
+
+// ReadCRILog reads a CRI log file from its start and returns the messages
+// (the fourth field of each line, partial lines joined).
+func ReadCRILog(f *os.File) string {
+	var out strings.Builder
+	sc := bufio.NewScanner(io.NewSectionReader(f, 0, 1<<40))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), " ", 4)
+		if len(parts) == 4 {
+			out.WriteString(parts[3])
+			if parts[2] == "F" {
+				out.WriteByte('\n')
 			}
 		}
-		file.Close()
 	}
 	return out.String()
 }
