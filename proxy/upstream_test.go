@@ -238,7 +238,8 @@ upstreams:
     port: %s
     credential:
       bearer_token_file: %s
-`, host, port, tok)))
+      cleartext_addresses: [%s]
+`, host, port, tok, host)))
 	if err != nil {
 		t.Fatal(err)
 	}

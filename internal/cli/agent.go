@@ -55,6 +55,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			logQueryFlag,
 		}, agentKubeFlags()...),
 		Action:      runAgent,
 		Subcommands: adminCommands(),
@@ -176,6 +177,7 @@ func runAgent(c *cli.Context) error {
 		CleanupOnExit: c.Bool("cleanup"),
 		Logger:        log,
 		Registerer:    reg,
+		Proxy:         proxy.Config{LogQuery: c.Bool("log-query")},
 	})
 	if err != nil {
 		l.Close()

@@ -102,3 +102,6 @@ func checkPprof(c *cli.Context) error {
 	}
 	return nil
 }
+
+// logQueryFlag keeps query strings in request log lines (proxy, agent, run).
+var logQueryFlag = &cli.BoolFlag{Name: "log-query", Usage: "keep the query string of request URLs in log lines and traces (default: dropped, so that tokens in URLs do not reach log storage)"}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +41,9 @@ func proxyCommand() *cli.Command {
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "how long in-flight requests may take to finish on shutdown"},
 			&cli.StringFlag{Name: "spool-dir", Usage: "directory for spooled request bodies (default: the system's temporary directory)"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			logQueryFlag,
+			&cli.StringFlag{Name: "connect-ports", Value: "443", Usage: "comma-separated `PORTS` a CONNECT may reach"},
+			&cli.DurationFlag{Name: "tunnel-idle-timeout", Value: proxy.DefaultTunnelIdleTimeout, Usage: "close a CONNECT tunnel silent both ways for this long"},
 		},
 		Action: runProxy,
 	}
@@ -61,6 +66,14 @@ func runProxy(c *cli.Context) error {
 		if err := proxy.CheckListen(metricsAddr, allow); err != nil {
 			return cli.Exit("--metrics: "+err.Error(), 2)
 		}
+	}
+	connectPorts, err := parsePorts(c.String("connect-ports"))
+	if err != nil {
+		return cli.Exit("--connect-ports: "+err.Error(), 2)
+	}
+	var protect []string
+	if metricsAddr != "" {
+		protect = append(protect, metricsAddr)
 	}
 	stopFloor, err := startHeapFloor(c)
 	if err != nil {
@@ -110,6 +123,11 @@ func runProxy(c *cli.Context) error {
 		Logger:       log,
 		SpoolDir:     c.String("spool-dir"),
 		Via:          "egret",
+		LogQuery:     c.Bool("log-query"),
+		ConnectPorts: connectPorts,
+		Protect:      protect,
+
+		TunnelIdleTimeout: c.Duration("tunnel-idle-timeout"),
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
@@ -154,4 +172,18 @@ func runProxy(c *cli.Context) error {
 	}
 	log.Info("egret proxy stopped")
 	return nil
+}
+
+// parsePorts reads a comma-separated list of TCP ports.
+func parsePorts(s string) ([]int, error) {
+	var ports []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%q is not a port", f)
+		}
+		ports = append(ports, n)
+	}
+	return ports, nil
 }
