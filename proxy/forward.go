@@ -174,6 +174,9 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	// Who the upstream is, decided once: its entry, budget and bulkhead,
 	// and whether its credential may go there.
 	ident := c.identify(c.s.ctx, cfg.Policy.Current(), tg)
+	if ident.Proof == ProofMismatch {
+		cfg.Metrics.hostMismatch()
+	}
 	up := ident.Upstream
 	path := req.URL.Path
 	hasKey := field(req.Header, policy.IdempotencyKeyHeader) != ""
