@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -71,10 +72,6 @@ func runProxy(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("--connect-ports: "+err.Error(), 2)
 	}
-	var protect []string
-	if metricsAddr != "" {
-		protect = append(protect, metricsAddr)
-	}
 	stopFloor, err := startHeapFloor(c)
 	if err != nil {
 		return err
@@ -114,6 +111,24 @@ func runProxy(c *cli.Context) error {
 		src, policyName = w, f
 	}
 
+	// The metrics (and pprof) address is served first, so that the proxy
+	// knows the address bound and refuses to reach it for its clients.
+	var ready atomic.Pointer[proxy.Server] // set once the proxy is made
+	var ms *http.Server
+	var protect []string
+	if metricsAddr != "" {
+		isReady := func() error {
+			if s := ready.Load(); s == nil || s.Draining() {
+				return errors.New("draining")
+			}
+			return nil
+		}
+		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), isReady); err != nil {
+			return err
+		}
+		defer ms.Close()
+		protect = append(protect, ms.Addr)
+	}
 	srv, err := proxy.New(proxy.Config{
 		Mode:         proxy.Explicit,
 		Policy:       src,
@@ -132,22 +147,10 @@ func runProxy(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
+	ready.Store(srv)
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
-	}
-	var ms *http.Server
-	if metricsAddr != "" {
-		ready := func() error {
-			if srv.Draining() {
-				return errors.New("draining")
-			}
-			return nil
-		}
-		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), ready); err != nil {
-			ln.Close()
-			return err
-		}
 	}
 	log.Info("egret proxy listening", "addr", ln.Addr().String(), "mode", "explicit", "policy", policyName)
 
