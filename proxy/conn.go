@@ -46,8 +46,9 @@ type conn struct {
 	bw    *bufio.Writer
 	state connState // guarded by s.mu
 	dst   netip.AddrPort
-	// dstAddr is dst as host:port (transparent mode).
-	dstAddr string
+	// dstAddr is dst as host:port, dstHost its address alone (transparent
+	// mode), made once per connection.
+	dstAddr, dstHost string
 	pr      prefixReader
 	// linger: the proxy ends the connection after a request, with input
 	// perhaps still coming (a refused request's body, the rest of a
@@ -225,7 +226,8 @@ func (c *conn) serve() {
 			log.Warn("original destination", "client", c.c.RemoteAddr().String(), "err", err)
 			return
 		}
-		c.dst, c.dstAddr = dst, dst.String()
+		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+		c.dst, c.dstAddr, c.dstHost = dst, dst.String(), dst.Addr().String()
 		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
 		if err != nil {
 			return

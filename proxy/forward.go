@@ -283,7 +283,7 @@ func (c *conn) target(req *http.Request) (target, error) {
 	}
 	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 	if host == "" {
-		host = c.dst.Addr().String()
+		host = c.dstHost
 	}
 	// Absolute-form requests never come here (handle passes them
 	// through): the request target is origin-form.

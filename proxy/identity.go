@@ -92,9 +92,9 @@ func (c *conn) identify(ctx context.Context, pol *policy.Policy, tg target) Iden
 		return Identity{Upstream: up, Host: tg.host, Port: tg.port, Budget: up.Name, Proof: ProofDialed,
 			Credential: up.CredentialAllowed(lit)}
 	}
-	dst := netip.AddrPortFrom(c.dst.Addr().Unmap(), c.dst.Port())
+	dst := c.dst
 	byAddr := func(p Proof) Identity {
-		a := dst.Addr().String()
+		a := c.dstHost
 		up := pol.Match(a, tg.port)
 		return Identity{Upstream: up, Host: a, Port: tg.port, Dest: dst, Budget: up.Name, Proof: p,
 			Credential: up.CredentialAllowed(dst.Addr())}
