@@ -49,7 +49,7 @@ type conn struct {
 	// dstAddr is dst as host:port, dstHost its address alone (transparent
 	// mode), made once per connection.
 	dstAddr, dstHost string
-	pr      prefixReader
+	pr               prefixReader
 	// linger: the proxy ends the connection after a request, with input
 	// perhaps still coming (a refused request's body, the rest of a
 	// one-shot body); aborted: it was reset on purpose.
