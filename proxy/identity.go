@@ -183,6 +183,9 @@ func (n *Names) Resolves(ctx context.Context, host string, a netip.Addr) bool {
 		go n.lookup(host, e)
 	}
 	n.mu.Unlock()
+	if ctx.Err() != nil {
+		return false
+	}
 	select {
 	case <-e.ready:
 		return contains(e.addrs, a)
