@@ -46,9 +46,8 @@ const (
 type Exchange struct {
 	ID string
 	// Identity is who the upstream is, decided once when the request
-	// came; Upstream is its policy entry (Identity.Upstream).
+	// came, with the policy entry that applies (Identity.Upstream).
 	Identity Identity
-	Upstream *policy.Upstream
 	Policy   retry.Policy
 	Bulkhead *Bulkhead
 	base     http.RoundTripper
@@ -221,7 +220,6 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	st := &exchange{Exchange: Exchange{
 		ID:       id,
 		Identity: ident,
-		Upstream: up,
 		Policy:   rp,
 		Bulkhead: cfg.Bulkheads.Get(ident.Budget, up.Bulkhead),
 	}}
@@ -383,7 +381,7 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exch
 		}
 	}
 	st.url = tg.url
-	if x.Upstream.TLS.Enabled {
+	if x.Identity.Upstream.TLS.Enabled {
 		st.url.Scheme = "https"
 	}
 	st.ctx = exchangeCtx{Context: c.s.ctx, x: x}
@@ -402,7 +400,7 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exch
 		out.Host = tg.url.Host
 	}
 	if x.Identity.Credential {
-		x.Upstream.Refresher().Apply(out) // the upstream's bearer credential (renewed after a 401)
+		x.Identity.Upstream.Refresher().Apply(out) // the upstream's bearer credential (renewed after a 401)
 	}
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = nil // send none rather than Go's

@@ -63,15 +63,17 @@ type Identity struct {
 	Upstream *policy.Upstream
 	// Host names the upstream for TLS (server name when the entry gives
 	// none): the Host header's name when proven, else the destination's
-	// address. Port is the destination port.
+	// address.
 	Host string
-	Port int
 	// Dest is the original destination (transparent mode); the zero
 	// value in explicit mode.
 	Dest netip.AddrPort
 	// Budget keys the node-wide retry budget and the bulkhead.
 	Budget string
-	Proof  Proof
+	// Port is the destination port. (The small fields last: the
+	// request's one allocation stays in its size class.)
+	Port  uint16
+	Proof Proof
 	// Credential: the entry's bearer token may be sent (and refreshed
 	// after a 401).
 	Credential bool
@@ -89,14 +91,14 @@ func (c *conn) identify(ctx context.Context, pol *policy.Policy, tg target) Iden
 		if a, err := netip.ParseAddr(tg.host); err == nil {
 			lit = a
 		}
-		return Identity{Upstream: up, Host: tg.host, Port: tg.port, Budget: up.Name, Proof: ProofDialed,
+		return Identity{Upstream: up, Host: tg.host, Port: uint16(tg.port), Budget: up.Name, Proof: ProofDialed,
 			Credential: up.CredentialAllowed(lit)}
 	}
 	dst := c.dst
 	byAddr := func(p Proof) Identity {
 		a := c.dstHost
 		up := pol.Match(a, tg.port)
-		return Identity{Upstream: up, Host: a, Port: tg.port, Dest: dst, Budget: up.Name, Proof: p,
+		return Identity{Upstream: up, Host: a, Port: uint16(tg.port), Dest: dst, Budget: up.Name, Proof: p,
 			Credential: up.CredentialAllowed(dst.Addr())}
 	}
 	h := tg.host
@@ -112,7 +114,7 @@ func (c *conn) identify(ctx context.Context, pol *policy.Policy, tg target) Iden
 		// the destination is the upstream.
 		return byAddr(ProofAddress)
 	}
-	id := Identity{Upstream: up, Host: h, Port: tg.port, Dest: dst, Budget: up.Name}
+	id := Identity{Upstream: up, Host: h, Port: uint16(tg.port), Dest: dst, Budget: up.Name}
 	switch {
 	case c.s.cfg.Names.Resolves(ctx, h, dst.Addr()):
 		id.Proof = ProofDNS
