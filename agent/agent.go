@@ -249,6 +249,11 @@ func New(cfg Config) (*Agent, error) {
 	if a.budgets == nil {
 		a.budgets = engine.NewBudgets()
 	}
+	if a.cfg.Proxy.Names == nil {
+		// One resolver cache for the node: every pod's Host names are
+		// proven against egret's resolver, not the pod's.
+		a.cfg.Proxy.Names = &proxy.Names{}
+	}
 	if a.bulkheads == nil {
 		a.bulkheads = proxy.NewBulkheads()
 		a.bulkheads.OnReject = pm.BulkheadRejected

@@ -46,9 +46,10 @@ type conn struct {
 	bw    *bufio.Writer
 	state connState // guarded by s.mu
 	dst   netip.AddrPort
-	// dstAddr is dst as host:port (transparent mode).
-	dstAddr string
-	pr      prefixReader
+	// dstAddr is dst as host:port, dstHost its address alone (transparent
+	// mode), made once per connection.
+	dstAddr, dstHost string
+	pr               prefixReader
 	// linger: the proxy ends the connection after a request, with input
 	// perhaps still coming (a refused request's body, the rest of a
 	// one-shot body); aborted: it was reset on purpose.
@@ -225,7 +226,8 @@ func (c *conn) serve() {
 			log.Warn("original destination", "client", c.c.RemoteAddr().String(), "err", err)
 			return
 		}
-		c.dst, c.dstAddr = dst, dst.String()
+		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+		c.dst, c.dstAddr, c.dstHost = dst, dst.String(), dst.Addr().String()
 		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
 		if err != nil {
 			return
@@ -531,6 +533,9 @@ func (c *conn) silent() Protocol {
 
 // tunnel serves an explicit-mode CONNECT: it dials the target, says 200
 // and copies bytes both ways, without retries (there is no request to see).
+// Only the ports of Config.ConnectPorts are reached, never a denied or
+// egret's own address (403), and a tunnel silent both ways for
+// TunnelIdleTimeout is closed.
 func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 	target := req.RequestURI
 	host, port, err := net.SplitHostPort(target)
@@ -538,11 +543,24 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 		c.refuse(req, id, start, http.StatusBadRequest, "CONNECT needs host:port")
 		return
 	}
+	if err := c.s.connectAllowed(port); err != nil {
+		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		return
+	}
+	n, _ := strconv.Atoi(port)
+	if err := c.s.checkTarget(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), n); err != nil {
+		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		return
+	}
 	c.s.cfg.Metrics.tunnel()
 	c.s.setState(c, stateTunnel)
 	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.DialTimeout)
 	up, err := c.s.cfg.Dial(ctx, "tcp", target)
 	cancel()
+	if errors.Is(err, ErrDestinationDenied) {
+		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		return
+	}
 	if err != nil {
 		notSent := engine.OutcomeNotSent.String()
 		c.s.cfg.Metrics.request(notSent)
@@ -564,7 +582,8 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 	c.c.SetReadDeadline(time.Time{})
 	c.logRequest(requestLog{id: id, method: req.Method, url: target, attempts: 1, outcome: "tunnel",
 		status: http.StatusOK, start: start})
-	pipe(&bufferedConn{Conn: c.c, r: c.br}, up, nil)
+	idle := newIdleClock(c.s.cfg.TunnelIdleTimeout)
+	pipe(idle.wrap(&bufferedConn{Conn: c.c, r: c.br}), idle.wrap(up), nil)
 }
 
 // wantsUpgrade reports whether the request asks to switch protocols (e.g.

@@ -27,6 +27,7 @@ type Metrics struct {
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
 	conns       prometheus.Gauge
+	mismatches  prometheus.Counter
 	// byOutcome caches requests' counters of the answered outcomes, made
 	// on first use (a series appears once counted, as before): no hashing
 	// of the label and lookup per request.
@@ -96,8 +97,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "egret_proxy_client_connections",
 			Help: "Client connections open now.",
 		}),
+		mismatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egret_proxy_host_mismatches_total",
+			Help: "Transparent requests whose Host named a policy entry that their original destination was not shown to be (by address, DNS or verified TLS): that entry, its credential and its budget were not used.",
+		}),
 	}
-	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.ptFailures, m.learned, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
+	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.ptFailures, m.learned, m.lateHTTPs, m.tunnels, m.rejections, m.conns, m.mismatches); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -210,6 +215,12 @@ func (m *Metrics) tunnel() {
 func (m *Metrics) BulkheadRejected(upstream string) {
 	if m != nil {
 		m.rejections.WithLabelValues(upstream).Inc()
+	}
+}
+
+func (m *Metrics) hostMismatch() {
+	if m != nil {
+		m.mismatches.Inc()
 	}
 }
 

@@ -96,7 +96,12 @@ const (
 	DefaultDialTimeout       = 10 * time.Second
 	DefaultMaxHeaderBytes    = 64 << 10
 	DefaultMaxHeaderCount    = 100
+	DefaultTunnelIdleTimeout = 5 * time.Minute
 )
+
+// DefaultConnectPorts are the ports an explicit-mode CONNECT may reach
+// when Config.ConnectPorts is empty.
+var DefaultConnectPorts = []int{443}
 
 // Config configures a Server. Zero fields take the defaults; the shared
 // parts (Budgets, Bulkheads, Traces, Metrics) should be one per node, given
@@ -156,6 +161,25 @@ type Config struct {
 	// the pod's plain HTTP to them must keep reaching egret. nil: nothing
 	// is learned.
 	Learner Learner
+	// Names proves transparent requests' Host names against their original
+	// destinations (egret's resolver, never the pod's); one per node
+	// (default: a Names of the server's own on net.DefaultResolver).
+	Names *Names
+
+	// ConnectPorts are the ports an explicit-mode CONNECT may reach
+	// (default: DefaultConnectPorts, 443 only). TunnelIdleTimeout ends a
+	// CONNECT tunnel when neither side has sent a byte for that long.
+	ConnectPorts      []int
+	TunnelIdleTimeout time.Duration
+	// Protect are addresses (host:port) egret serves besides its proxy
+	// listeners, such as the metrics and pprof address: in explicit mode
+	// no request or CONNECT reaches them, nor the Server's own listeners.
+	Protect []string
+
+	// LogQuery keeps the query string of request URLs in log lines and
+	// traces; by default it is dropped (with any user:password), so that
+	// tokens passed in URLs do not reach log storage.
+	LogQuery bool
 
 	// Runner, when set, replaces the retry runner (tests of the server
 	// alone). It receives requests whose context carries the Exchange.
@@ -192,9 +216,12 @@ func (c *Config) setDefaults() {
 	if c.Policy == nil {
 		c.Policy = StaticPolicy{policy.Default()}
 	}
-	if c.Dial == nil {
-		d := &net.Dialer{Timeout: c.DialTimeout}
-		c.Dial = d.DialContext
+	def(&c.TunnelIdleTimeout, DefaultTunnelIdleTimeout)
+	if len(c.ConnectPorts) == 0 {
+		c.ConnectPorts = DefaultConnectPorts
+	}
+	if c.Names == nil {
+		c.Names = &Names{}
 	}
 	if c.Budgets == nil {
 		c.Budgets = engine.NewBudgets()
@@ -227,6 +254,8 @@ type Server struct {
 	cancel context.CancelFunc
 
 	via11 string // "1.1 " + cfg.Via
+	// protect: Config.Protect, parsed.
+	protect []netip.AddrPort
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -250,8 +279,21 @@ func New(cfg Config) (*Server, error) {
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*conn]struct{}),
 	}
+	for _, a := range cfg.Protect {
+		host, port, err := net.SplitHostPort(a)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%w: Protect %q: want host:port", ErrConfig, a)
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
+			ip = netip.IPv6Unspecified() // "" or a name: every local address
+		}
+		s.protect = append(s.protect, netip.AddrPortFrom(ip.Unmap(), uint16(n)))
+	}
+	s.cfg.Dial = s.guardDial(cfg.Dial)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.bases = newBases(cfg.Dial)
+	s.bases = newBases(s.cfg.Dial)
 	s.runner = cfg.Runner
 	if s.runner == nil {
 		s.runner = s.newRunner()

@@ -58,6 +58,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			logQueryFlag,
 		}, agentKubeFlags()...),
 		Action:      runAgent,
 		Subcommands: adminCommands(),
@@ -189,6 +190,7 @@ func runAgent(c *cli.Context) error {
 		Reporter:      reporter,
 		Logger:        log,
 		Registerer:    reg,
+		Proxy:         proxy.Config{LogQuery: c.Bool("log-query")},
 	})
 	if err != nil {
 		l.Close()

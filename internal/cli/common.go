@@ -69,7 +69,9 @@ func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPp
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		log.Info("egret profiles", "addr", mln.Addr().String(), "path", "/debug/pprof/")
 	}
-	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Addr is the address bound (Serve ignores it): what a proxy must
+	// not let its clients reach.
+	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, Addr: mln.Addr().String()}
 	go ms.Serve(mln)
 	log.Info("egret metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	return ms, nil
@@ -102,3 +104,6 @@ func checkPprof(c *cli.Context) error {
 	}
 	return nil
 }
+
+// logQueryFlag keeps query strings in request log lines (proxy, agent, run).
+var logQueryFlag = &cli.BoolFlag{Name: "log-query", Usage: "keep the query string of request URLs in log lines and traces (default: dropped, so that tokens in URLs do not reach log storage)"}

@@ -44,6 +44,7 @@ func runCommand() *cli.Command {
 			&cli.UintFlag{Name: "listen-port", Usage: "`PORT` of egret's listener (default: a free one)"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log only warnings and errors"},
+			logQueryFlag,
 			heapFloorFlag,
 		},
 		Action: runRun,
@@ -131,6 +132,7 @@ func runRun(c *cli.Context) error {
 		ShutdownGrace: 2 * time.Second,
 		CleanupOnExit: true,
 		Logger:        log,
+		Proxy:         proxy.Config{LogQuery: c.Bool("log-query")},
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
