@@ -185,7 +185,9 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	}
 	body, g, err := c.readBody(req, up.Body)
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		if c.s.cut.Load() {
+			c.shutdownAnswer(req, id, start, "egret shut down while the request body was being read")
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(req, id, start, http.StatusRequestTimeout, "request body not received in time")
 		} else if errors.Is(err, ErrBadRequest) {
 			c.refuse(req, id, start, http.StatusBadRequest, err.Error())
@@ -228,6 +230,19 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		g.detach()
 	}
 	return keep
+}
+
+// shutdownAnswer answers a request that Shutdown ended before any of it
+// was sent upstream: 503 not-sent, logged.
+func (c *conn) shutdownAnswer(req *http.Request, id string, start time.Time, msg string) {
+	notSent := engine.OutcomeNotSent.String()
+	c.s.cfg.Metrics.request(notSent)
+	c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
+	l := requestLog{id: id, outcome: notSent, status: http.StatusServiceUnavailable, start: start, err: msg}
+	if req != nil {
+		l.method, l.u = req.Method, req.URL
+	}
+	c.logRequest(l)
 }
 
 // target works out where req goes. Explicit mode takes the absolute-form
@@ -288,7 +303,7 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits) (*spool.Body, 
 	if chunked(req) {
 		cl = -1
 	}
-	g := &guard{r: &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout}, c: c.c}
+	g := &guard{r: &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout, cut: &c.s.cut}, c: c.c}
 	b, err := spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
 	return b, g, err
 }
@@ -329,15 +344,22 @@ func (g *guard) detach() {
 	}
 }
 
-// deadlineReader gives each read of a request body ReadTimeout.
+// deadlineReader gives each read of a request body ReadTimeout. Once cut
+// is set (Shutdown's grace is over) its reads end at once.
 type deadlineReader struct {
-	c net.Conn
-	r io.Reader
-	d time.Duration
+	c   net.Conn
+	r   io.Reader
+	d   time.Duration
+	cut *atomic.Bool
 }
 
 func (r *deadlineReader) Read(p []byte) (int, error) {
 	r.c.SetReadDeadline(time.Now().Add(r.d))
+	// Checked after the deadline is set: Shutdown sets cut and then a
+	// deadline in the past, so one of the two ends this read.
+	if r.cut.Load() {
+		r.c.SetReadDeadline(aLongTimeAgo)
+	}
 	return r.r.Read(p)
 }
 

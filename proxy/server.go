@@ -74,6 +74,7 @@ const (
 	DefaultDialTimeout       = 10 * time.Second
 	DefaultMaxHeaderBytes    = 64 << 10
 	DefaultMaxHeaderCount    = 100
+	DefaultAnswerGrace       = time.Second
 )
 
 // Config configures a Server. Zero fields take the defaults; the shared
@@ -115,6 +116,10 @@ type Config struct {
 	WriteTimeout      time.Duration
 	IdleTimeout       time.Duration
 	DialTimeout       time.Duration
+	// AnswerGrace is how long, once Shutdown's grace is over, the
+	// requests still in flight have to be answered (their attempts
+	// cancelled) before their connections are closed.
+	AnswerGrace time.Duration
 	// MaxHeaderBytes bounds a request head (request line included) and
 	// MaxHeaderCount its header fields; beyond: 431 (414 for the line).
 	MaxHeaderBytes int
@@ -152,6 +157,7 @@ func (c *Config) setDefaults() {
 	def(&c.WriteTimeout, DefaultWriteTimeout)
 	def(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.DialTimeout, DefaultDialTimeout)
+	def(&c.AnswerGrace, DefaultAnswerGrace)
 	if c.MaxHeaderBytes <= 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
@@ -190,6 +196,11 @@ type Server struct {
 
 	draining atomic.Bool
 	closing  atomic.Bool
+	// cut is set when Shutdown's grace is over: in-flight requests are
+	// answered and their connections closed.
+	cut atomic.Bool
+	// changed is signalled when a connection ends or changes state.
+	changed chan struct{}
 	// ctx is cancelled when Shutdown gives up waiting: in-flight attempts
 	// end then.
 	ctx    context.Context
@@ -218,6 +229,7 @@ func New(cfg Config) (*Server, error) {
 		via11:     "1.1 " + cfg.Via,
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*conn]struct{}),
+		changed:   make(chan struct{}, 1),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.bases = newBases(cfg.Dial)
@@ -285,9 +297,19 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 
 // Shutdown drains the server: it stops accepting, denies retries, closes
 // idle keep-alive connections, lets in-flight requests, tunnels and
-// passthrough connections finish until ctx ends, then closes what is left
-// and returns ctx's error (nil when everything finished in time). Idle
-// upstream connections are closed too.
+// passthrough connections finish until ctx ends, and returns ctx's error
+// (nil when everything finished in time). Idle upstream connections are
+// closed too.
+//
+// When ctx ends first, every request still in flight is told the truth
+// before its connection goes: its attempts are cancelled and it is
+// answered as any failed request is (503 not-sent when no byte of it can
+// have reached the upstream, 502/504 failed or ambiguous otherwise, with
+// Egret-Outcome and its log line); a request whose body was still being
+// read from the client gets 503 not-sent. Only a connection whose response
+// body has begun (it cannot be answered again), a tunnel or a passthrough
+// is cut at once. The answers get up to AnswerGrace; what is left then is
+// closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
 	s.closing.Store(true)
@@ -311,16 +333,63 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			s.cancel()
+			s.cutInFlight()
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// cutInFlight ends what is left once Shutdown's grace is over: in-flight
+// requests are answered (their attempts cancelled, reads from their
+// clients interrupted), then what has not ended within AnswerGrace is
+// closed.
+func (s *Server) cutInFlight() {
+	s.cut.Store(true)
+	s.cancel()
+	s.mu.Lock()
+	for c := range s.conns {
+		if c.state == stateActive {
+			// A read from the client (a request head or body) ends now;
+			// the conn answers it 503 not-sent. The reader checks cut
+			// after setting its own deadline, so this one is not lost.
+			c.c.SetReadDeadline(aLongTimeAgo)
+		} else {
+			c.c.Close()
+		}
+	}
+	s.mu.Unlock()
+	timer := time.NewTimer(s.cfg.AnswerGrace)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		left := len(s.conns)
+		if left == 0 {
+			s.shut = true
+		}
+		s.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		select {
+		case <-s.changed:
+		case <-timer.C:
 			s.mu.Lock()
 			s.shut = true
 			for c := range s.conns {
 				c.c.Close()
 			}
 			s.mu.Unlock()
-			return ctx.Err()
-		case <-tick.C:
+			return
 		}
+	}
+}
+
+// signal tells cutInFlight that a connection changed state or ended.
+func (s *Server) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
 	}
 }
 
@@ -369,6 +438,7 @@ func (s *Server) removeConn(c *conn) {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	s.cfg.Metrics.connClosed()
+	s.signal()
 }
 
 // setState moves c to state; a kept connection becoming active again while
@@ -381,5 +451,6 @@ func (s *Server) setState(c *conn, st connState) bool {
 		return false
 	}
 	c.state = st
+	s.signal()
 	return true
 }
