@@ -171,6 +171,9 @@ var (
 	// ErrNotReady: the agent does not serve its node yet, or any more
 	// (Ready says why).
 	ErrNotReady = errors.New("agent: not ready")
+	// ErrPodCgroup: a pod's cgroup cannot be used: another pod's, or one
+	// holding egret's own.
+	ErrPodCgroup = errors.New("agent: unusable pod cgroup")
 )
 
 // New checks cfg and returns an Agent.

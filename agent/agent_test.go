@@ -282,3 +282,39 @@ func (silentSource) Run(ctx context.Context, _ chan<- pods.Event) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
+
+// Two pods on one cgroup: the second is refused with a clear error (before,
+// removing either detached the cgroup while the other still showed
+// running). When the first goes, the second takes the cgroup. A cgroup
+// holding egret's own is refused too.
+func TestPodCgroupOnePerPod(t *testing.T) {
+	fake := NewFake()
+	pa, pb, pr := freePort(t), freePort(t), freePort(t)
+	h := start(t, fake, pods.Pod{Name: "a", Cgroup: "/cg/shared", ListenPort: pa})
+	eventually(t, "a running", func() bool { return h.state("a") == StateRunning })
+	if err := h.src.Put(pods.Pod{Name: "b", Cgroup: "/cg/shared", ListenPort: pb}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b failed", func() bool { return h.state("b") == StateFailed })
+	st, _ := h.a.Pod("b")
+	if !strings.Contains(st.Error, "cgroup /cg/shared is already pod a's: one cgroup per pod") {
+		t.Fatalf("b's error: %q", st.Error)
+	}
+	if cfg, _ := fake.Config("/cg/shared"); cfg.Listen4.Port() != pa {
+		t.Fatalf("the cgroup's config is %+v, want a's listener", cfg)
+	}
+	if err := h.src.Put(pods.Pod{Name: "root", Cgroup: "/", ListenPort: pr}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "root failed", func() bool { return h.state("root") == StateFailed })
+	if st, _ := h.a.Pod("root"); !strings.Contains(st.Error, "holds egret's own cgroup /self") {
+		t.Fatalf("root's error: %q", st.Error)
+	}
+	if err := h.src.Remove("a"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b running once a is gone", func() bool { return h.state("b") == StateRunning })
+	if cfg, ok := fake.Config("/cg/shared"); !ok || cfg.Listen4.Port() != pb {
+		t.Fatalf("after a went, the cgroup's config is %+v %v, want b's listener", cfg, ok)
+	}
+}

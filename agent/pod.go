@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +39,9 @@ type podState struct {
 }
 
 func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
+	if err := a.checkCgroup(p); err != nil {
+		return nil, err
+	}
 	ps := &podState{pod: p, state: StateRunning, since: time.Now()}
 	defer func() {
 		if err != nil {
@@ -115,6 +120,26 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		return nil, fmt.Errorf("attach to cgroup %s: %w", p.Cgroup, err)
 	}
 	return ps, nil
+}
+
+// checkCgroup refuses a pod whose cgroup is another pod's (removing
+// one would detach the other) or contains egret's own cgroup (egret's own
+// connects would be redirected to itself).
+func (a *Agent) checkCgroup(p pods.Pod) error {
+	cg := filepath.Clean(p.Cgroup)
+	if self := a.cfg.SelfCgroup; self != "" {
+		if rel, err := filepath.Rel(cg, filepath.Clean(self)); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
+			return fmt.Errorf("%w: cgroup %s holds egret's own cgroup %s", ErrPodCgroup, cg, self)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name, o := range a.pods {
+		if name != p.Name && filepath.Clean(o.pod.Cgroup) == cg {
+			return fmt.Errorf("%w: cgroup %s is already pod %s's: one cgroup per pod", ErrPodCgroup, cg, name)
+		}
+	}
+	return nil
 }
 
 func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {

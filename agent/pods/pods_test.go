@@ -65,6 +65,16 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		{"bad type", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      ports: [http]\n", "pods.yaml:5:"},
 		{"bad policy", "pods:\n  - name: a\n    cgroup: a\n    policy:\n      defaults:\n        max_attempts: 0\n", "pods.yaml:4: pod a: policy"},
 		{"syntax", "pods:\n  - name: [\n", "pods.yaml:"},
+		// One cgroup per pod: removing one of two entries on a cgroup
+		// detached it while the other still showed running.
+		{"cgroup twice", "pods:\n  - name: a\n    cgroup: x/a\n  - name: b\n    cgroup: " + CgroupRoot + "/x/./a\n",
+			"pods.yaml:5: pod b: cgroup " + CgroupRoot + "/x/a is already pod a's (line 3): one cgroup per pod"},
+		// The root, or anything at or above it, would redirect every
+		// process of the node, egret's own included.
+		{"cgroup .", "pods:\n  - name: a\n    cgroup: .\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
+		{"cgroup root", "pods:\n  - name: a\n    cgroup: " + CgroupRoot + "/\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
+		{"cgroup above root", "pods:\n  - name: a\n    cgroup: " + filepath.Dir(CgroupRoot) + "\n", "is not below the cgroup v2 root"},
+		{"cgroup escapes", "pods:\n  - name: a\n    cgroup: ../../etc\n", "is not below the cgroup v2 root"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
