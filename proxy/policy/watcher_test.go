@@ -400,7 +400,9 @@ func TestWatcherRefusesEmptyFileUnlessExplicit(t *testing.T) {
 		t.Errorf("logs do not say why:\n%s", r.logs)
 	}
 	r.write(t, "defaults: {}\n")
-	eventually(t, "the explicit defaults applied", func() bool { return r.attempts() == Default().Match("api.test", 80).MaxAttempts && len(r.w.Current().Upstreams) == 0 })
+	eventually(t, "the explicit defaults applied", func() bool {
+		return r.attempts() == Default().Match("api.test", 80).MaxAttempts && len(r.w.Current().Upstreams) == 0
+	})
 }
 
 // A policy path that became a directory is an error, logged and counted
