@@ -25,6 +25,7 @@ type Metrics struct {
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
 	conns       prometheus.Gauge
+	limits      *prometheus.CounterVec
 	// byOutcome caches requests' counters of the answered outcomes, made
 	// on first use (a series appears once counted, as before): no hashing
 	// of the label and lookup per request.
@@ -86,8 +87,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "egret_proxy_client_connections",
 			Help: "Client connections open now.",
 		}),
+		limits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_limit_refusals_total",
+			Help: "Connections and requests refused because their pod was at one of its limits (connections, in_flight, spool_bytes) or the process out of the descriptors it lets pods take (descriptors).",
+		}, []string{"limit"}),
 	}
-	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
+	for _, l := range limitLabels { // defined from the start, for rate()
+		m.limits.WithLabelValues(l)
+	}
+	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns, m.limits); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -189,6 +197,13 @@ func (m *Metrics) BulkheadRejected(upstream string) {
 	if m != nil {
 		m.rejections.WithLabelValues(upstream).Inc()
 	}
+}
+
+func (m *Metrics) limitRefused(kind int) {
+	if m == nil {
+		return
+	}
+	m.limits.WithLabelValues(limitLabels[kind]).Inc()
 }
 
 func (m *Metrics) connOpened() {

@@ -66,15 +66,16 @@ var _ PolicySource = StaticPolicy{}
 
 // Defaults of the Config's limits and timeouts.
 const (
-	DefaultSniffTimeout      = 300 * time.Millisecond
-	DefaultReadHeaderTimeout = 10 * time.Second
-	DefaultReadTimeout       = 30 * time.Second
-	DefaultWriteTimeout      = 30 * time.Second
-	DefaultIdleTimeout       = 90 * time.Second
-	DefaultDialTimeout       = 10 * time.Second
-	DefaultMaxHeaderBytes    = 64 << 10
-	DefaultMaxHeaderCount    = 100
-	DefaultAnswerGrace       = time.Second
+	DefaultSniffTimeout       = 300 * time.Millisecond
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultReadTimeout        = 30 * time.Second
+	DefaultWriteTimeout       = 30 * time.Second
+	DefaultIdleTimeout        = 90 * time.Second
+	DefaultDialTimeout        = 10 * time.Second
+	DefaultMaxHeaderBytes     = 64 << 10
+	DefaultMaxHeaderCount     = 100
+	DefaultAnswerGrace        = time.Second
+	DefaultRequestReadTimeout = 2 * time.Minute
 )
 
 // Config configures a Server. Zero fields take the defaults; the shared
@@ -131,6 +132,20 @@ type Config struct {
 	// as the workload wrote them.
 	Via string
 
+	// Limits bound what the clients of this Server (one pod, in the node
+	// agent) may hold at once; zero fields take their defaults. Ignored
+	// when Quota is set.
+	Limits Limits
+	// Quota is the account of this Server's clients against their limits
+	// and the node's descriptors (nil: one of the Server's own, of Limits,
+	// with no descriptor account). The node agent gives each pod's Server
+	// the pod's, all drawing from one FDs.
+	Quota *Quota
+	// RequestReadTimeout bounds the reading of a whole request from the
+	// client, head and body, from its first byte: a body trickled a byte
+	// at a time ends there (408), whatever ReadTimeout allows each read.
+	RequestReadTimeout time.Duration
+
 	// Runner, when set, replaces the retry runner (tests of the server
 	// alone). It receives requests whose context carries the Exchange.
 	Runner http.RoundTripper
@@ -158,6 +173,10 @@ func (c *Config) setDefaults() {
 	def(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.DialTimeout, DefaultDialTimeout)
 	def(&c.AnswerGrace, DefaultAnswerGrace)
+	def(&c.RequestReadTimeout, DefaultRequestReadTimeout)
+	if c.Quota == nil {
+		c.Quota = NewQuota(c.Limits, nil)
+	}
 	if c.MaxHeaderBytes <= 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
@@ -272,6 +291,7 @@ func (s *Server) Serve(l net.Listener) error {
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				s.cfg.Quota.fds.acceptFailed(err)
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.cfg.Logger.Warn("accept", "err", err, "retry_in", backoff)
 				time.Sleep(backoff)
@@ -280,6 +300,12 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		backoff = 0
+		if kind, ok := s.cfg.Quota.takeConn(); !ok {
+			// At its limit: the client's connect is refused (reset) now,
+			// rather than kept waiting.
+			s.refuseConn(nc, kind)
+			continue
+		}
 		c := s.newConn(rawsock.Wrap(nc))
 		if c == nil {
 			continue
@@ -426,6 +452,7 @@ func (s *Server) newConn(nc net.Conn) *conn {
 	defer s.mu.Unlock()
 	if s.shut {
 		nc.Close()
+		s.cfg.Quota.putConn()
 		return nil
 	}
 	s.conns[c] = struct{}{}
@@ -437,8 +464,29 @@ func (s *Server) removeConn(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	s.cfg.Quota.putConn()
 	s.cfg.Metrics.connClosed()
 	s.signal()
+}
+
+// refuseConn resets a connection its tenant has no room for. The refusals
+// are counted, and logged at 1, 2, 4, 8... of a kind: a pod that hammers
+// its limit does not flood the log.
+func (s *Server) refuseConn(nc net.Conn, kind int) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	nc.Close()
+	s.limitRefused(kind)
+}
+
+func (s *Server) limitRefused(kind int) {
+	n := s.cfg.Quota.refused[kind].Add(1)
+	s.cfg.Metrics.limitRefused(kind)
+	if n&(n-1) == 0 {
+		s.cfg.Logger.Warn("tenant at its limit", "limit", limitLabels[kind], "refused", n,
+			"limits", fmt.Sprintf("%+v", s.cfg.Quota.Limits()))
+	}
 }
 
 // setState moves c to state; a kept connection becoming active again while
