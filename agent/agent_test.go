@@ -15,6 +15,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/proxy"
 )
 
 // freePort returns a port free on 127.0.0.1 and ::1 now.
@@ -316,5 +317,74 @@ func TestPodCgroupOnePerPod(t *testing.T) {
 	eventually(t, "b running once a is gone", func() bool { return h.state("b") == StateRunning })
 	if cfg, ok := fake.Config("/cg/shared"); !ok || cfg.Listen4.Port() != pb {
 		t.Fatalf("after a went, the cgroup's config is %+v %v, want b's listener", cfg, ok)
+	}
+}
+
+// Out of descriptors, egret cannot accept: every pod's listeners are
+// cleared from its kernel config (new connects go direct, rather than
+// wait in an accept queue), and put back once there is room again. A pod's
+// own limits come from its description, else the agent's, and are shown.
+func TestOutOfDescriptorsGoesDirect(t *testing.T) {
+	fake := NewFake()
+	port := freePort(t)
+	src, err := pods.NewMemory(pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: port,
+		Limits: pods.Limits{InFlight: 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := proxy.NewFDs(64+8, 64) // room for 4 connections
+	a, err := New(Config{Attacher: fake, Source: src, FDs: fds, PodLimits: proxy.Limits{SpoolBytes: 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, "web running", func() bool { st, err := a.Pod("web"); return err == nil && st.State == StateRunning })
+	st, _ := a.Pod("web")
+	if st.Limits == nil || *st.Limits != (proxy.Limits{Conns: 1, InFlight: 7, SpoolBytes: 1 << 20}) {
+		t.Fatalf("web's limits %+v, want its own in-flight, the agent's spool bytes, a fair share of connections", st.Limits)
+	}
+	// A fair share of 4 connections is 1: raise it to see the node run out.
+	if err := src.Put(pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: port, Limits: pods.Limits{Conns: 100, InFlight: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "limits updated in place", func() bool { st, _ := a.Pod("web"); return st.Limits.Conns == 100 })
+	// Another server drawing from the node's descriptors (as another
+	// pod's does) takes them all.
+	other, err := proxy.New(proxy.Config{Quota: proxy.NewQuota(proxy.Limits{Conns: 100}, fds)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go other.Serve(ln)
+	defer other.Shutdown(context.Background())
+	var held []net.Conn
+	for range 4 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	eventually(t, "4 connections held", func() bool { return fds.Used() == 8 })
+	if cfg, _ := fake.Config("/cg/web"); !cfg.Listen4.IsValid() {
+		t.Fatal("listener cleared before the node ran out")
+	}
+	// web's next connection finds no descriptor.
+	if c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", itoa(int(port)))); err == nil {
+		c.Close()
+	}
+	eventually(t, "the pod sent direct", func() bool { cfg, _ := fake.Config("/cg/web"); return !cfg.Listen4.IsValid() })
+	held[0].Close()
+	held[1].Close()
+	eventually(t, "the pod redirected again", func() bool { cfg, _ := fake.Config("/cg/web"); return cfg.Listen4.Port() == port })
+	if st, _ := a.Pod("web"); st.Usage == nil || st.Usage.Refused["descriptors"] != 1 {
+		t.Fatalf("usage %+v", st.Usage)
 	}
 }

@@ -35,6 +35,7 @@ type podState struct {
 	policy *podPolicy
 	lns    []net.Listener
 	traces *proxy.Traces
+	quota  *proxy.Quota
 	served sync.WaitGroup
 }
 
@@ -94,6 +95,8 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	ps.traces = proxy.NewTraces(a.cfg.TracesPerPod)
 	pc.Traces = ps.traces
 	pc.Metrics = a.pmetrics
+	ps.quota = proxy.NewQuota(a.podLimits(p), a.cfg.FDs)
+	pc.Quota = ps.quota
 	pc.Logger = a.log.With("pod", p.Name)
 	srv, err := proxy.New(pc)
 	if err != nil {
@@ -116,7 +119,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		}()
 	}
 	// Attach last: from now on the pod's connects come to a ready proxy.
-	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig(p)); err != nil {
+	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, a.kernelConfig(ps, p)); err != nil {
 		return nil, fmt.Errorf("attach to cgroup %s: %w", p.Cgroup, err)
 	}
 	return ps, nil
@@ -162,10 +165,11 @@ func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
 // update applies a changed pod that stays in the same cgroup, namespace
 // and port: exclusions and policy change in place.
 func (ps *podState) update(a *Agent, p pods.Pod) error {
-	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig(p)); err != nil {
+	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, a.kernelConfig(ps, p)); err != nil {
 		return err
 	}
 	ps.policy.set(p)
+	ps.quota.SetLimits(a.podLimits(p))
 	a.mu.Lock()
 	ps.pod = p
 	a.mu.Unlock()
@@ -255,6 +259,10 @@ func (ps *podState) status() PodStatus {
 	}
 	if ps.policy != nil {
 		s.Policy = ps.policy.Current().Source
+	}
+	if ps.quota != nil {
+		l, u := ps.quota.Limits(), ps.quota.Usage()
+		s.Limits, s.Usage = &l, &u
 	}
 	return s
 }

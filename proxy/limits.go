@@ -10,18 +10,19 @@ import (
 )
 
 // Limits bound what one tenant — a pod, in the node agent — may hold of
-// the proxy at once. A zero field takes its default.
+// the proxy at once. A zero field is no limit; the node agent gives every
+// pod limits (WithDefaults fills in the defaults).
 type Limits struct {
 	// Conns is the client connections open at once. One more is refused
 	// at once: its client sees a refused (reset) connect.
-	Conns int
+	Conns int `json:"connections"`
 	// InFlight is the requests being served at once. One more is
 	// answered 503, Egret-Outcome: not-sent.
-	InFlight int
+	InFlight int `json:"in_flight"`
 	// SpoolBytes is the request-body bytes held at once, in memory and in
 	// spool files, for replays. A body that would pass it is answered
 	// 503, Egret-Outcome: not-sent.
-	SpoolBytes int64
+	SpoolBytes int64 `json:"spool_bytes"`
 }
 
 // Defaults of Limits. The node agent also bounds a pod's default Conns by
@@ -82,7 +83,7 @@ const (
 
 var limitLabels = [nLimitKinds]string{"connections", "in_flight", "spool_bytes", "descriptors"}
 
-// NewQuota returns a quota of lim (defaults for zero fields) drawing
+// NewQuota returns a quota of lim (zero fields: no limit) drawing
 // descriptors from fds (nil: none counted).
 func NewQuota(lim Limits, fds *FDs) *Quota {
 	q := &Quota{fds: fds}
@@ -90,10 +91,9 @@ func NewQuota(lim Limits, fds *FDs) *Quota {
 	return q
 }
 
-// SetLimits replaces the limits (defaults for zero fields). What is held
+// SetLimits replaces the limits (zero fields: no limit). What is held
 // beyond new, lower limits stays until it is given back.
 func (q *Quota) SetLimits(lim Limits) {
-	lim = lim.WithDefaults()
 	atomic.StoreInt64(&q.conns, int64(lim.Conns))
 	atomic.StoreInt64(&q.inFlight, int64(lim.InFlight))
 	atomic.StoreInt64(&q.spoolLimit, lim.SpoolBytes)
@@ -133,7 +133,7 @@ const fdsPerConn = 2
 
 // takeConn takes a connection's share, or says which limit refuses it.
 func (q *Quota) takeConn() (kind int, ok bool) {
-	if q.nConns.Add(1) > atomic.LoadInt64(&q.conns) {
+	if n, lim := q.nConns.Add(1), atomic.LoadInt64(&q.conns); lim > 0 && n > lim {
 		q.nConns.Add(-1)
 		return limitConns, false
 	}
@@ -150,7 +150,7 @@ func (q *Quota) putConn() {
 }
 
 func (q *Quota) takeRequest() bool {
-	if q.nInFlight.Add(1) > atomic.LoadInt64(&q.inFlight) {
+	if n, lim := q.nInFlight.Add(1), atomic.LoadInt64(&q.inFlight); lim > 0 && n > lim {
 		q.nInFlight.Add(-1)
 		return false
 	}
@@ -160,7 +160,7 @@ func (q *Quota) takeRequest() bool {
 func (q *Quota) putRequest() { q.nInFlight.Add(-1) }
 
 func (q *Quota) takeSpool(n int64) bool {
-	if q.nSpool.Add(n) > atomic.LoadInt64(&q.spoolLimit) {
+	if held, lim := q.nSpool.Add(n), atomic.LoadInt64(&q.spoolLimit); lim > 0 && held > lim {
 		q.nSpool.Add(-n)
 		return false
 	}

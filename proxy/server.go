@@ -133,8 +133,8 @@ type Config struct {
 	Via string
 
 	// Limits bound what the clients of this Server (one pod, in the node
-	// agent) may hold at once; zero fields take their defaults. Ignored
-	// when Quota is set.
+	// agent) may hold at once; zero fields are no limit. Ignored when
+	// Quota is set.
 	Limits Limits
 	// Quota is the account of this Server's clients against their limits
 	// and the node's descriptors (nil: one of the Server's own, of Limits,

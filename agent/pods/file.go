@@ -47,6 +47,13 @@ type rawPod struct {
 	RedirectLoopback bool       `yaml:"redirect_loopback"`
 	Exclude          rawExclude `yaml:"exclude"`
 	Policy           yaml.Node  `yaml:"policy"`
+	Limits           rawLimits  `yaml:"limits"`
+}
+
+type rawLimits struct {
+	Connections int    `yaml:"connections"`
+	InFlight    int    `yaml:"in_flight"`
+	SpoolBytes  string `yaml:"spool_bytes"`
 }
 
 type rawExclude struct {
@@ -163,6 +170,20 @@ func Parse(name string, data []byte) ([]Pod, error) {
 		}
 		if rp.Exclude.DefaultPorts != nil && !*rp.Exclude.DefaultPorts {
 			p.Exclude.NoDefaultPorts = true
+		}
+		if rp.Limits.Connections < 0 {
+			fail(i, "limits", "%s: limits.connections %d is negative", what, rp.Limits.Connections)
+		}
+		if rp.Limits.InFlight < 0 {
+			fail(i, "limits", "%s: limits.in_flight %d is negative", what, rp.Limits.InFlight)
+		}
+		p.Limits.Conns, p.Limits.InFlight = rp.Limits.Connections, rp.Limits.InFlight
+		if rp.Limits.SpoolBytes != "" {
+			n, err := policy.ParseSize(rp.Limits.SpoolBytes)
+			if err != nil {
+				fail(i, "limits", "%s: limits.spool_bytes: %v", what, err)
+			}
+			p.Limits.SpoolBytes = n
 		}
 		if rp.Policy.Kind != 0 {
 			b, err := yaml.Marshal(&rp.Policy)

@@ -41,6 +41,20 @@ type Pod struct {
 	// Policy is a policy override (YAML, the policy file's schema) laid
 	// over the node's policy for this pod only; empty for none.
 	Policy []byte
+	// Limits bound what the pod may hold of egret at once; zero fields
+	// take the agent's defaults.
+	Limits Limits
+}
+
+// Limits are a pod's own limits (zero: the agent's default).
+type Limits struct {
+	// Conns: client connections open at once; one more is refused.
+	Conns int
+	// InFlight: requests being served at once; one more gets 503 not-sent.
+	InFlight int
+	// SpoolBytes: request-body bytes held at once for replays; a body
+	// that would pass it gets 503 not-sent.
+	SpoolBytes int64
 }
 
 // Exclusions are destinations a pod reaches directly, never through egret.
@@ -59,7 +73,7 @@ func (p Pod) Equal(q Pod) bool {
 		slices.Equal(p.Exclude.Ports, q.Exclude.Ports) &&
 		slices.Equal(p.Exclude.CIDRs, q.Exclude.CIDRs) &&
 		p.Exclude.NoDefaultPorts == q.Exclude.NoDefaultPorts &&
-		string(p.Policy) == string(q.Policy)
+		string(p.Policy) == string(q.Policy) && p.Limits == q.Limits
 }
 
 // Validate checks the fields a source cannot leave wrong.
@@ -74,6 +88,9 @@ func (p Pod) Validate() error {
 		if !c.IsValid() {
 			return fmt.Errorf("%w: pod %s: invalid excluded CIDR", ErrInvalid, p.Name)
 		}
+	}
+	if p.Limits.Conns < 0 || p.Limits.InFlight < 0 || p.Limits.SpoolBytes < 0 {
+		return fmt.Errorf("%w: pod %s: negative limit", ErrInvalid, p.Name)
 	}
 	return nil
 }

@@ -26,6 +26,10 @@ const good = `pods:
   - name: batch
     cgroup: /sys/fs/cgroup/unified/batch
     redirect_loopback: true
+    limits:
+      connections: 100
+      in_flight: 20
+      spool_bytes: 16MiB
 `
 
 func TestParse(t *testing.T) {
@@ -51,6 +55,9 @@ func TestParse(t *testing.T) {
 	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts {
 		t.Errorf("batch = %+v", b)
 	}
+	if b.Limits != (Limits{Conns: 100, InFlight: 20, SpoolBytes: 16 << 20}) || w.Limits != (Limits{}) {
+		t.Errorf("limits: batch %+v, web %+v", b.Limits, w.Limits)
+	}
 }
 
 func TestParseErrorsNameTheLine(t *testing.T) {
@@ -71,6 +78,8 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 			"pods.yaml:5: pod b: cgroup " + CgroupRoot + "/x/a is already pod a's (line 3): one cgroup per pod"},
 		// The root, or anything at or above it, would redirect every
 		// process of the node, egret's own included.
+		{"negative limit", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      in_flight: -1\n", "pods.yaml:4: pod a: limits.in_flight -1 is negative"},
+		{"bad spool size", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      spool_bytes: lots\n", "pods.yaml:4: pod a: limits.spool_bytes"},
 		{"cgroup .", "pods:\n  - name: a\n    cgroup: .\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
 		{"cgroup root", "pods:\n  - name: a\n    cgroup: " + CgroupRoot + "/\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
 		{"cgroup above root", "pods:\n  - name: a\n    cgroup: " + filepath.Dir(CgroupRoot) + "\n", "is not below the cgroup v2 root"},

@@ -26,6 +26,9 @@ func TestParseGoodAnnotations(t *testing.T) {
 		AnnotationRedirectLoopback:     "true",
 		AnnotationListenPort:           "15011",
 		AnnotationPolicy:               "defaults:\n  max_attempts: 2\n",
+		AnnotationMaxConnections:       "200",
+		AnnotationMaxInFlight:          " 50",
+		AnnotationMaxSpoolBytes:        "32MiB",
 		"example.com/other":            "not ours",
 	}))
 	if err != nil {
@@ -41,6 +44,7 @@ func TestParseGoodAnnotations(t *testing.T) {
 		},
 		RedirectLoopback: true,
 		Policy:           []byte("defaults:\n  max_attempts: 2\n"),
+		Limits:           pods.Limits{Conns: 200, InFlight: 50, SpoolBytes: 32 << 20},
 	}
 	if !p.Equal(want) {
 		t.Fatalf("got %+v\nwant %+v", p, want)
@@ -88,6 +92,11 @@ func TestParseBadAnnotations(t *testing.T) {
 		{AnnotationPolicy, "budget: {ratio: 0.5}\n", "budget"}, // a node's field, not a pod's
 		{AnnotationPolicy, "defaults: [\n", "pod shop/web policy"},
 		{"egret.dev/exclude-port", "5432", "unknown egret annotation"},
+		{AnnotationMaxConnections, "0", "not a number in 1.."},
+		{AnnotationMaxConnections, "-5", "not a number in 1.."},
+		{AnnotationMaxInFlight, "lots", "not a number in 1.."},
+		{AnnotationMaxSpoolBytes, "2GiB", `not a size such as "32MiB"`},
+		{AnnotationMaxSpoolBytes, "0", `not a size`},
 	}
 	for _, c := range cases {
 		a := map[string]string{AnnotationEnabled: "true", c.key: c.value}
