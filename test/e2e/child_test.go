@@ -136,6 +136,32 @@ func child(mode string) int {
 		for sc.Scan() {
 			_ = enc.Encode(do(c, req))
 		}
+	case "burst":
+		// Count requests at once, each on its own connection; the answers
+		// by status and Egret-Outcome (or the error).
+		tr := &http.Transport{DisableKeepAlives: true}
+		c := &http.Client{Transport: tr, Timeout: time.Minute}
+		got := make(chan string, req.Count)
+		for i := range req.Count {
+			r := req
+			r.Headers = map[string]string{}
+			for k, v := range req.Headers {
+				r.Headers[k] = strings.ReplaceAll(v, "{i}", fmt.Sprint(i))
+			}
+			go func() {
+				resp := do(c, r)
+				if resp.Err != "" {
+					got <- "error: " + resp.Err
+					return
+				}
+				got <- fmt.Sprintf("%d %s", resp.Status, resp.Headers.Get("Egret-Outcome"))
+			}()
+		}
+		answers := map[string]int{}
+		for range req.Count {
+			answers[<-got]++
+		}
+		_ = enc.Encode(answers)
 	case "silent", "stall":
 		_ = enc.Encode(holdConns(mode, req))
 		_, _ = io.Copy(io.Discard, os.Stdin) // hold until the test says
