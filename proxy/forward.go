@@ -193,12 +193,14 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 			return false
 		}
 	}
-	body, g, held, err := c.readBody(req, up.Body, start)
-	defer q.putSpool(held)
+	body, g, hold, err := c.readBody(req, up.Body, start)
+	defer q.putHold(hold)
 	if err != nil {
 		if errors.Is(err, ErrLimit) {
 			c.limitAnswer(req, id, start, limitSpool,
 				fmt.Sprintf("this pod is at its limit of %d request-body bytes held", q.Limits().SpoolBytes))
+		} else if errors.Is(err, ErrNoDescriptors) {
+			c.limitAnswer(req, id, start, limitDescriptors, "egret is out of file descriptors for request bodies")
 		} else if c.s.cut.Load() {
 			c.shutdownAnswer(req, id, start, "egret shut down while the request body was being read")
 		} else if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -319,15 +321,17 @@ func (c *conn) target(req *http.Request) (target, error) {
 // readBody holds the request body as its size and the upstream's limits
 // say (nil: the request has none). The guard lets the connection take its
 // reader back from a one-shot body that the transport may still be reading.
-// held is what the body took of the pod's spool bytes (given back once the
-// request is answered, even on error): a body of known length that will be
-// held takes its length before a byte is read; one of unknown length takes
-// what it holds as it is read. A body that would pass the pod's limit
-// fails with ErrLimit.
-func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time) (_ *spool.Body, _ *guard, held int64, _ error) {
+// hold is what the body took of the pod's spool bytes and of the node's
+// descriptors (given back once the request is answered, even on error): a
+// body of known length that will be held takes its length before a byte
+// is read; one of unknown length takes what it holds as it is read; one
+// that may go to a spool file, a descriptor. A body that would pass the
+// pod's limit fails with ErrLimit; one with no descriptor for its file,
+// with ErrNoDescriptors.
+func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time) (b *spool.Body, g *guard, hold spoolHold, err error) {
 	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
 	if src == nil {
-		return nil, nil, 0, nil
+		return nil, nil, spoolHold{}, nil
 	}
 	cl := req.ContentLength
 	if chunked(req) {
@@ -342,19 +346,27 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Tim
 		r = charge
 	case cl > 0 && cl <= max(lim.MemoryLimit, lim.SpoolLimit):
 		if !q.takeSpool(cl) {
-			return nil, nil, 0, errSpoolLimit
+			return nil, nil, spoolHold{}, errSpoolLimit
 		}
-		held = cl
+		hold.bytes = cl
 	}
-	g := &guard{r: r, c: c.c}
-	b, err := spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
+	if (cl < 0 || cl > lim.MemoryLimit) && lim.SpoolLimit > lim.MemoryLimit {
+		// It may go to a spool file: a descriptor for it.
+		if !q.takeSpoolFile() {
+			q.putSpool(hold.bytes)
+			return nil, nil, spoolHold{}, errNoSpoolFile
+		}
+		hold.file = true
+	}
+	g = &guard{r: r, c: c.c}
+	b, err = spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
 	if charge != nil {
 		// What was read is what the body holds; the rest of a one-shot
 		// body is streamed, not held.
 		charge.stop = true
-		held = charge.held
+		hold.bytes = charge.held
 	}
-	return b, g, held, err
+	return b, g, hold, err
 }
 
 // errDetached: the body's connection was taken back from the transport.

@@ -21,7 +21,8 @@ type Limits struct {
 	InFlight int `json:"in_flight"`
 	// SpoolBytes is the request-body bytes held at once, in memory and in
 	// spool files, for replays. A body that would pass it is answered
-	// 503, Egret-Outcome: not-sent.
+	// 503, Egret-Outcome: not-sent (as is one that would need a spool
+	// file when the process is out of descriptors).
 	SpoolBytes int64 `json:"spool_bytes"`
 }
 
@@ -169,8 +170,29 @@ func (q *Quota) takeSpool(n int64) bool {
 
 func (q *Quota) putSpool(n int64) { q.nSpool.Add(-n) }
 
-// errSpoolLimit ends the read of a body that would pass the spool limit.
-var errSpoolLimit = fmt.Errorf("%w: spool bytes", ErrLimit)
+// takeSpoolFile takes the descriptor of a body's spool file.
+func (q *Quota) takeSpoolFile() bool { return q.fds.take(1) }
+
+// spoolHold is what one request body holds of its quota.
+type spoolHold struct {
+	bytes int64
+	file  bool // a descriptor for a spool file
+}
+
+func (q *Quota) putHold(h spoolHold) {
+	q.putSpool(h.bytes)
+	if h.file {
+		q.fds.put(1)
+	}
+}
+
+// errSpoolLimit ends the read of a body that would pass the spool limit;
+// errNoSpoolFile refuses a body that may need a spool file when there is
+// no descriptor for it.
+var (
+	errSpoolLimit  = fmt.Errorf("%w: spool bytes", ErrLimit)
+	errNoSpoolFile = fmt.Errorf("%w: a spool file", ErrNoDescriptors)
+)
 
 // spoolCharge reads a body of unknown length into the spool, taking each
 // byte read from the tenant's spool bytes until stop: what spool.New reads
@@ -197,7 +219,8 @@ func (c *spoolCharge) Read(p []byte) (int, error) {
 // less a reserve that egret keeps for itself (its listeners, upstream
 // pools, spool files, the admin socket, metrics, policy reloads). Every
 // tenant's connections draw from it (two each: the client's and its
-// upstream's). When it runs out a new connection is refused at once rather
+// upstream's; a request body that may go to a spool file one more). When it
+// runs out a new connection is refused at once rather
 // than left to wait in an accept queue, and Exhausted says so; the node
 // agent then stops redirecting pods to egret (their new connects go direct)
 // until Changed says it has room again.
@@ -211,8 +234,10 @@ type FDs struct {
 }
 
 // DefaultFDReserve is the descriptors egret keeps for itself by default:
-// this many, or an eighth of the limit if more.
-const DefaultFDReserve = 64
+// this many, or an eighth of the limit if more. The node agent itself holds
+// about 60 (eBPF maps, programs and links, its sockets), a few more per pod
+// (its namespace, its two listeners), and idle upstream connections.
+const DefaultFDReserve = 128
 
 // NewFDs returns the account of a process whose descriptor limit is limit,
 // keeping reserve of them (DefaultFDReserve or an eighth of limit if

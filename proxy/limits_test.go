@@ -207,7 +207,7 @@ func TestRequestReadDeadlineEndsATrickle(t *testing.T) {
 // The descriptor account: connections past the capacity are refused and
 // Exhausted is signalled; room again (a tenth free) is signalled too.
 func TestFDsExhaustedAndBack(t *testing.T) {
-	f := NewFDs(64+20, 64) // room for 10 connections
+	f := NewFDs(DefaultFDReserve+20, 0) // room for 10 connections
 	if f.Capacity() != 20 || f.FairShare() != 2 {
 		t.Fatalf("capacity %d, fair share %d", f.Capacity(), f.FairShare())
 	}
@@ -255,7 +255,7 @@ func TestLimitsIsolatePods(t *testing.T) {
 		io.WriteString(w, "ok")
 	})
 	defer close(release)
-	fds := NewFDs(64+400, 64)
+	fds := NewFDs(DefaultFDReserve+400, 0)
 	a := startProxy(t, Config{Quota: NewQuota(Limits{Conns: 20, InFlight: 5}, fds)})
 	b := startProxy(t, Config{Quota: NewQuota(Limits{Conns: 20, InFlight: 5}, fds)})
 	for range 100 {
@@ -281,4 +281,32 @@ func TestLimitsIsolatePods(t *testing.T) {
 		t.Fatalf("pod B: %d of 200 succeeded with pod A at its limit", ok)
 	}
 	t.Logf("pod A: %+v; pod B: %d/200 ok", a.cfg.Quota.Usage(), ok)
+}
+
+// A body that may go to a spool file needs a descriptor for it: when the
+// process has none left, 503 not-sent, and nothing reaches the upstream.
+func TestSpoolFileNeedsADescriptor(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
+	fds := NewFDs(DefaultFDReserve+4, 0) // two connections
+	p := startProxy(t, Config{Quota: NewQuota(Limits{}, fds)})
+	other, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	waitFor(t, "a connection held", func() bool { return fds.Used() == 2 })
+	const size = 100 << 10 // past the 64 KiB held in memory
+	c := sendRaw(t, p.addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", up.url("/"), size, strings.Repeat("x", size)))
+	resp, body := readAnswer(t, c)
+	wantNotSent503(t, resp, body, "out of file descriptors for request bodies")
+	if up.requests.Load() != 0 {
+		t.Fatal("the body reached the upstream")
+	}
+	c.Close()
+	waitFor(t, "the refused request's connection gone", func() bool { return fds.Used() == 2 })
+	// A small body, held in memory, needs none.
+	c = sendRaw(t, p.addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nsmall", up.url("/")))
+	if resp, _ := readAnswer(t, c); resp.StatusCode != 200 {
+		t.Fatalf("a small body: %d", resp.StatusCode)
+	}
 }

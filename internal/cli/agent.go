@@ -58,7 +58,7 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "pod-max-connections", Usage: "client connections a pod may hold at once, unless it sets its own (default: a quarter of what the descriptors allow, at most 1024)"},
 			&cli.IntFlag{Name: "pod-max-in-flight", Usage: "requests a pod may have in flight at once, unless it sets its own (default 256)"},
 			&cli.StringFlag{Name: "pod-max-spool-bytes", Usage: "request-body `SIZE` a pod may have held for replays at once, unless it sets its own (default 64MiB)"},
-			&cli.IntFlag{Name: "fd-reserve", Usage: "file descriptors kept for egret itself, out of pods' reach (default: 64, or an eighth of the limit)"},
+			&cli.IntFlag{Name: "fd-reserve", Usage: "file descriptors kept for egret itself, out of pods' reach (default: 128, or an eighth of the limit)"},
 		}, agentKubeFlags()...),
 		Action:      runAgent,
 		Subcommands: adminCommands(),
