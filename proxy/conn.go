@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -115,6 +116,8 @@ type prefixReader struct {
 	// set on the connection only when the head is not all in hand and
 	// Read must wait for the rest: most heads arrive whole.
 	headDeadline time.Time
+	// cut is the server's: set, the head's read ends at once.
+	cut *atomic.Bool
 }
 
 func (r *prefixReader) init(c net.Conn) {
@@ -195,6 +198,10 @@ func (r *prefixReader) Read(p []byte) (int, error) {
 	if !r.headDeadline.IsZero() {
 		r.c.SetReadDeadline(r.headDeadline)
 		r.headDeadline = time.Time{}
+		// After the deadline is set, as deadlineReader does.
+		if r.cut != nil && r.cut.Load() {
+			r.c.SetReadDeadline(aLongTimeAgo)
+		}
 	}
 	return r.c.Read(p)
 }
@@ -215,6 +222,7 @@ func (c *conn) serve() {
 		c.c.Close()
 	}()
 	c.pr.init(c.c)
+	c.pr.cut = &c.s.cut
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.pr)
 	defer c.pr.release()
@@ -288,6 +296,10 @@ func (c *conn) next() bool {
 	c.pr.headDeadline = time.Time{}
 	*hb = head[:0]
 	if err != nil {
+		if c.s.cut.Load() && !errors.Is(err, io.EOF) {
+			c.shutdownAnswer(nil, newRequestID(), start, "egret shut down while the request head was being read")
+			return false
+		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(nil, newRequestID(), start, http.StatusRequestTimeout, "request header not received in time")
 			return false

@@ -194,6 +194,16 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		}
 	}
 
+	// The pod's slot for one more request in flight, held until it is
+	// answered.
+	q := cfg.Quota
+	if !q.takeRequest() {
+		c.limitAnswer(req, id, start, limitInFlight,
+			fmt.Sprintf("this pod is at its limit of %d requests in flight", q.Limits().InFlight))
+		return false
+	}
+	defer q.putRequest()
+
 	// The body: held, spooled or streamed once (spec section 1).
 	if field(req.Header, "Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
 		c.c.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
@@ -202,9 +212,17 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 			return false
 		}
 	}
-	body, g, err := c.readBody(req, up.Body)
+	body, g, hold, err := c.readBody(req, up.Body, start)
+	defer q.putHold(hold)
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		if errors.Is(err, ErrLimit) {
+			c.limitAnswer(req, id, start, limitSpool,
+				fmt.Sprintf("this pod is at its limit of %d request-body bytes held", q.Limits().SpoolBytes))
+		} else if errors.Is(err, ErrNoDescriptors) {
+			c.limitAnswer(req, id, start, limitDescriptors, "egret is out of file descriptors for request bodies")
+		} else if c.s.cut.Load() {
+			c.shutdownAnswer(req, id, start, "egret shut down while the request body was being read")
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(req, id, start, http.StatusRequestTimeout, "request body not received in time")
 		} else if errors.Is(err, ErrBadRequest) {
 			c.refuse(req, id, start, http.StatusBadRequest, err.Error())
@@ -247,6 +265,30 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		g.detach()
 	}
 	return keep
+}
+
+// shutdownAnswer answers a request that Shutdown ended before any of it
+// was sent upstream: 503 not-sent, logged.
+func (c *conn) shutdownAnswer(req *http.Request, id string, start time.Time, msg string) {
+	notSent := engine.OutcomeNotSent.String()
+	c.s.cfg.Metrics.request(notSent)
+	c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
+	l := requestLog{id: id, outcome: notSent, status: http.StatusServiceUnavailable, start: start, err: msg}
+	if req != nil {
+		l.method, l.u = req.Method, req.URL
+	}
+	c.logRequest(l)
+}
+
+// limitAnswer answers a request its pod has no room for: 503 not-sent
+// (nothing of it went upstream), counted and logged.
+func (c *conn) limitAnswer(req *http.Request, id string, start time.Time, kind int, msg string) {
+	c.s.limitRefused(kind)
+	notSent := engine.OutcomeNotSent.String()
+	c.s.cfg.Metrics.request(notSent)
+	c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
+	c.logRequest(requestLog{id: id, method: req.Method, u: req.URL, outcome: notSent,
+		status: http.StatusServiceUnavailable, start: start, err: msg})
 }
 
 // target works out where req goes. Explicit mode takes the absolute-form
@@ -298,18 +340,52 @@ func (c *conn) target(req *http.Request) (target, error) {
 // readBody holds the request body as its size and the upstream's limits
 // say (nil: the request has none). The guard lets the connection take its
 // reader back from a one-shot body that the transport may still be reading.
-func (c *conn) readBody(req *http.Request, lim policy.BodyLimits) (*spool.Body, *guard, error) {
+// hold is what the body took of the pod's spool bytes and of the node's
+// descriptors (given back once the request is answered, even on error): a
+// body of known length that will be held takes its length before a byte
+// is read; one of unknown length takes what it holds as it is read; one
+// that may go to a spool file, a descriptor. A body that would pass the
+// pod's limit fails with ErrLimit; one with no descriptor for its file,
+// with ErrNoDescriptors.
+func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time) (b *spool.Body, g *guard, hold spoolHold, err error) {
 	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
 	if src == nil {
-		return nil, nil, nil
+		return nil, nil, spoolHold{}, nil
 	}
 	cl := req.ContentLength
 	if chunked(req) {
 		cl = -1
 	}
-	g := &guard{r: &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout}, c: c.c}
-	b, err := spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
-	return b, g, err
+	q := c.s.cfg.Quota
+	var charge *spoolCharge
+	var r io.Reader = &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut}
+	switch {
+	case cl < 0:
+		charge = &spoolCharge{r: r, q: q}
+		r = charge
+	case cl > 0 && cl <= max(lim.MemoryLimit, lim.SpoolLimit):
+		if !q.takeSpool(cl) {
+			return nil, nil, spoolHold{}, errSpoolLimit
+		}
+		hold.bytes = cl
+	}
+	if (cl < 0 || cl > lim.MemoryLimit) && lim.SpoolLimit > lim.MemoryLimit {
+		// It may go to a spool file: a descriptor for it.
+		if !q.takeSpoolFile() {
+			q.putSpool(hold.bytes)
+			return nil, nil, spoolHold{}, errNoSpoolFile
+		}
+		hold.file = true
+	}
+	g = &guard{r: r, c: c.c}
+	b, err = spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
+	if charge != nil {
+		// What was read is what the body holds; the rest of a one-shot
+		// body is streamed, not held.
+		charge.stop = true
+		hold.bytes = charge.held
+	}
+	return b, g, hold, err
 }
 
 // errDetached: the body's connection was taken back from the transport.
@@ -348,15 +424,28 @@ func (g *guard) detach() {
 	}
 }
 
-// deadlineReader gives each read of a request body ReadTimeout.
+// deadlineReader gives each read of a request body ReadTimeout, and all of
+// them together the request's deadline (until). Once cut is set
+// (Shutdown's grace is over) its reads end at once.
 type deadlineReader struct {
-	c net.Conn
-	r io.Reader
-	d time.Duration
+	c     net.Conn
+	r     io.Reader
+	d     time.Duration
+	until time.Time
+	cut   *atomic.Bool
 }
 
 func (r *deadlineReader) Read(p []byte) (int, error) {
-	r.c.SetReadDeadline(time.Now().Add(r.d))
+	d := time.Now().Add(r.d)
+	if r.until.Before(d) {
+		d = r.until
+	}
+	r.c.SetReadDeadline(d)
+	// Checked after the deadline is set: Shutdown sets cut and then a
+	// deadline in the past, so one of the two ends this read.
+	if r.cut.Load() {
+		r.c.SetReadDeadline(aLongTimeAgo)
+	}
 	return r.r.Read(p)
 }
 

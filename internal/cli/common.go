@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"syscall"
 	"time"
 
 	"github.com/egret-proxy/egret/internal/heapfloor"
@@ -107,3 +108,23 @@ func checkPprof(c *cli.Context) error {
 
 // logQueryFlag keeps query strings in request log lines (proxy, agent, run).
 var logQueryFlag = &cli.BoolFlag{Name: "log-query", Usage: "keep the query string of request URLs in log lines and traces (default: dropped, so that tokens in URLs do not reach log storage)"}
+
+// raiseNoFile raises the soft RLIMIT_NOFILE to the hard limit (Go's
+// runtime does so on Linux too; this says it, and does it wherever the
+// runtime did not) and returns the soft limit in force: what the node
+// agent's descriptor account is sized by.
+func raiseNoFile() (uint64, error) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, err
+	}
+	if rl.Cur < rl.Max {
+		want := rl
+		want.Cur = rl.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
+			return rl.Cur, err
+		}
+		rl = want
+	}
+	return rl.Cur, nil
+}

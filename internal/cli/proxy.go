@@ -146,7 +146,14 @@ func runProxy(c *cli.Context) error {
 		defer ms.Close()
 		protect = append(protect, ms.Addr)
 	}
+	// Out of descriptors a new connection is refused at once rather
+	// than left in the accept queue; egret keeps a reserve for itself.
+	nofile, err := raiseNoFile()
+	if err != nil {
+		log.Warn("cannot raise the file descriptor limit", "limit", nofile, "err", err)
+	}
 	srv, err := proxy.New(proxy.Config{
+		Quota:        proxy.NewQuota(proxy.Limits{}, proxy.NewFDs(int(min(nofile, 1<<30)), 0)),
 		Mode:         proxy.Explicit,
 		Policy:       src,
 		Witness:      witness.TCPInfo{},
