@@ -29,6 +29,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -115,6 +116,19 @@ type Config struct {
 	// TracesPerPod is how many recent requests' traces each pod keeps for
 	// explain (DefaultTracesPerPod if 0).
 	TracesPerPod int
+	// PodLimits are the limits of a pod that sets none of its own (zero
+	// fields: proxy's defaults; Conns: FDs.FairShare, a quarter of the
+	// connections the descriptors allow, at most proxy.DefaultConnLimit).
+	PodLimits proxy.Limits
+	// FDs is the account of the descriptors pods may take (nil: one of the
+	// process's soft RLIMIT_NOFILE now, less FDReserve). When it runs out,
+	// every pod's listeners are cleared from its kernel config, so that
+	// new connects go direct rather than wait in an accept queue egret
+	// cannot serve, until it has room again.
+	FDs *proxy.FDs
+	// FDReserve is the descriptors kept out of pods' reach for egret
+	// itself (0: proxy.DefaultFDReserve or an eighth of the limit).
+	FDReserve int
 	// WrapDial, if set, wraps each pod's upstream dialer (tests).
 	WrapDial func(pod string, d proxy.DialFunc) proxy.DialFunc
 	// Reporter, if set, is told of each request a pod's proxy answered
@@ -160,6 +174,8 @@ type Agent struct {
 	selfOK  bool // egret's own cgroup attached (or none to attach)
 	stopped bool // Run has left its loop
 	started time.Time
+	// direct: out of descriptors, every pod's new connects go direct.
+	direct bool
 }
 
 // Ready says whether the agent serves its node: nil once Run has attached
@@ -192,6 +208,9 @@ var (
 	// ErrNotReady: the agent does not serve its node yet, or any more
 	// (Ready says why).
 	ErrNotReady = errors.New("agent: not ready")
+	// ErrPodCgroup: a pod's cgroup cannot be used: another pod's, or one
+	// holding egret's own.
+	ErrPodCgroup = errors.New("agent: unusable pod cgroup")
 )
 
 // New checks cfg and returns an Agent.
@@ -222,7 +241,14 @@ func New(cfg Config) (*Agent, error) {
 	} else {
 		cfg.Witness = fallbackWitness{primary: cfg.Witness, fallback: witness.TCPInfo{}}
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.Attacher)
+	if cfg.FDs == nil {
+		var rl syscall.Rlimit
+		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+			return nil, fmt.Errorf("%w: RLIMIT_NOFILE: %v", ErrConfig, err)
+		}
+		cfg.FDs = proxy.NewFDs(int(min(rl.Cur, 1<<30)), cfg.FDReserve)
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Attacher, cfg.FDs)
 	if err != nil {
 		return nil, err
 	}
@@ -248,6 +274,11 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if a.budgets == nil {
 		a.budgets = engine.NewBudgets()
+	}
+	if a.cfg.Proxy.Names == nil {
+		// One resolver cache for the node: every pod's Host names are
+		// proven against egret's resolver, not the pod's.
+		a.cfg.Proxy.Names = &proxy.Names{}
 	}
 	if a.bulkheads == nil {
 		a.bulkheads = proxy.NewBulkheads()
@@ -327,6 +358,8 @@ loop:
 			a.handle(ev)
 		case <-tick.C:
 			a.retryFailed()
+		case <-a.cfg.FDs.Changed():
+			a.setDirect(a.cfg.FDs.Exhausted())
 		}
 	}
 	a.mu.Lock()
@@ -335,6 +368,71 @@ loop:
 	stopSrc()
 	a.stopAll()
 	return err
+}
+
+// setDirect sends every pod's new connects direct (out of descriptors:
+// egret could not accept them) or to egret again. The listeners stay open:
+// what was queued before is served.
+func (a *Agent) setDirect(direct bool) {
+	a.mu.Lock()
+	if a.direct == direct {
+		a.mu.Unlock()
+		return
+	}
+	a.direct = direct
+	running := make([]*podState, 0, len(a.pods))
+	for _, ps := range a.pods {
+		if ps.state == StateRunning && ps.cgid != 0 {
+			running = append(running, ps)
+		}
+	}
+	a.mu.Unlock()
+	if direct {
+		a.m.failOpen.Set(1)
+		a.log.Warn("out of file descriptors for pods: their new connects go direct until egret has room",
+			"used", a.cfg.FDs.Used(), "capacity", a.cfg.FDs.Capacity(), "pods", len(running))
+	} else {
+		a.m.failOpen.Set(0)
+		a.log.Info("file descriptors back: pods' connects come to egret again",
+			"used", a.cfg.FDs.Used(), "capacity", a.cfg.FDs.Capacity(), "pods", len(running))
+	}
+	for _, ps := range running {
+		if _, err := a.cfg.Attacher.AttachPod(ps.pod.Cgroup, a.kernelConfig(ps, ps.pod)); err != nil {
+			a.m.failures.WithLabelValues("update").Inc()
+			a.log.Error("pod kernel config", "pod", ps.pod.Name, "direct", direct, "err", err)
+		}
+	}
+}
+
+// kernelConfig is the pod's kernel config: its listeners, unless every
+// pod goes direct for now.
+func (a *Agent) kernelConfig(ps *podState, p pods.Pod) bpfload.PodConfig {
+	cfg := ps.kernelConfig(p)
+	a.mu.Lock()
+	direct := a.direct
+	a.mu.Unlock()
+	if direct {
+		cfg.Listen4, cfg.Listen6 = netip.AddrPort{}, netip.AddrPort{}
+	}
+	return cfg
+}
+
+// podLimits are the limits p gets: its own, else the agent's.
+func (a *Agent) podLimits(p pods.Pod) proxy.Limits {
+	l := a.cfg.PodLimits
+	if l.Conns <= 0 {
+		l.Conns = a.cfg.FDs.FairShare()
+	}
+	if p.Limits.Conns > 0 {
+		l.Conns = p.Limits.Conns
+	}
+	if p.Limits.InFlight > 0 {
+		l.InFlight = p.Limits.InFlight
+	}
+	if p.Limits.SpoolBytes > 0 {
+		l.SpoolBytes = p.Limits.SpoolBytes
+	}
+	return l.WithDefaults()
 }
 
 func (a *Agent) handle(ev pods.Event) {
@@ -548,8 +646,11 @@ type PodStatus struct {
 	Netns    string    `json:"netns"`
 	Listen   []string  `json:"listen,omitempty"`
 	Since    time.Time `json:"since"`
-	// Connections are the pod's client connections open now.
-	Policy string `json:"policy,omitempty"`
+	Policy   string    `json:"policy,omitempty"`
+	// Limits are the pod's limits in force, Usage what it holds of them
+	// now and how often it was refused.
+	Limits *proxy.Limits `json:"limits,omitempty"`
+	Usage  *proxy.Usage  `json:"usage,omitempty"`
 }
 
 // Pods returns the status of every pod, by name.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/proxy"
 )
 
 // freePort returns a port free on 127.0.0.1 and ::1 now.
@@ -281,4 +282,109 @@ type silentSource struct{}
 func (silentSource) Run(ctx context.Context, _ chan<- pods.Event) error {
 	<-ctx.Done()
 	return ctx.Err()
+}
+
+// Two pods on one cgroup: the second is refused with a clear error (before,
+// removing either detached the cgroup while the other still showed
+// running). When the first goes, the second takes the cgroup. A cgroup
+// holding egret's own is refused too.
+func TestPodCgroupOnePerPod(t *testing.T) {
+	fake := NewFake()
+	pa, pb, pr := freePort(t), freePort(t), freePort(t)
+	h := start(t, fake, pods.Pod{Name: "a", Cgroup: "/cg/shared", ListenPort: pa})
+	eventually(t, "a running", func() bool { return h.state("a") == StateRunning })
+	if err := h.src.Put(pods.Pod{Name: "b", Cgroup: "/cg/shared", ListenPort: pb}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b failed", func() bool { return h.state("b") == StateFailed })
+	st, _ := h.a.Pod("b")
+	if !strings.Contains(st.Error, "cgroup /cg/shared is already pod a's: one cgroup per pod") {
+		t.Fatalf("b's error: %q", st.Error)
+	}
+	if cfg, _ := fake.Config("/cg/shared"); cfg.Listen4.Port() != pa {
+		t.Fatalf("the cgroup's config is %+v, want a's listener", cfg)
+	}
+	if err := h.src.Put(pods.Pod{Name: "root", Cgroup: "/", ListenPort: pr}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "root failed", func() bool { return h.state("root") == StateFailed })
+	if st, _ := h.a.Pod("root"); !strings.Contains(st.Error, "holds egret's own cgroup /self") {
+		t.Fatalf("root's error: %q", st.Error)
+	}
+	if err := h.src.Remove("a"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b running once a is gone", func() bool { return h.state("b") == StateRunning })
+	if cfg, ok := fake.Config("/cg/shared"); !ok || cfg.Listen4.Port() != pb {
+		t.Fatalf("after a went, the cgroup's config is %+v %v, want b's listener", cfg, ok)
+	}
+}
+
+// Out of descriptors, egret cannot accept: every pod's listeners are
+// cleared from its kernel config (new connects go direct, rather than
+// wait in an accept queue), and put back once there is room again. A pod's
+// own limits come from its description, else the agent's, and are shown.
+func TestOutOfDescriptorsGoesDirect(t *testing.T) {
+	fake := NewFake()
+	port := freePort(t)
+	src, err := pods.NewMemory(pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: port,
+		Limits: pods.Limits{InFlight: 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := proxy.NewFDs(64+8, 64) // room for 4 connections
+	a, err := New(Config{Attacher: fake, Source: src, FDs: fds, PodLimits: proxy.Limits{SpoolBytes: 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, "web running", func() bool { st, err := a.Pod("web"); return err == nil && st.State == StateRunning })
+	st, _ := a.Pod("web")
+	if st.Limits == nil || *st.Limits != (proxy.Limits{Conns: 1, InFlight: 7, SpoolBytes: 1 << 20}) {
+		t.Fatalf("web's limits %+v, want its own in-flight, the agent's spool bytes, a fair share of connections", st.Limits)
+	}
+	// A fair share of 4 connections is 1: raise it to see the node run out.
+	if err := src.Put(pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: port, Limits: pods.Limits{Conns: 100, InFlight: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "limits updated in place", func() bool { st, _ := a.Pod("web"); return st.Limits.Conns == 100 })
+	// Another server drawing from the node's descriptors (as another
+	// pod's does) takes them all.
+	other, err := proxy.New(proxy.Config{Quota: proxy.NewQuota(proxy.Limits{Conns: 100}, fds)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go other.Serve(ln)
+	defer other.Shutdown(context.Background())
+	var held []net.Conn
+	for range 4 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	eventually(t, "4 connections held", func() bool { return fds.Used() == 8 })
+	if cfg, _ := fake.Config("/cg/web"); !cfg.Listen4.IsValid() {
+		t.Fatal("listener cleared before the node ran out")
+	}
+	// web's next connection finds no descriptor.
+	if c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", itoa(int(port)))); err == nil {
+		c.Close()
+	}
+	eventually(t, "the pod sent direct", func() bool { cfg, _ := fake.Config("/cg/web"); return !cfg.Listen4.IsValid() })
+	held[0].Close()
+	held[1].Close()
+	eventually(t, "the pod redirected again", func() bool { cfg, _ := fake.Config("/cg/web"); return cfg.Listen4.Port() == port })
+	if st, _ := a.Pod("web"); st.Usage == nil || st.Usage.Refused["descriptors"] != 1 {
+		t.Fatalf("usage %+v", st.Usage)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egret-proxy/egret/internal/promreg"
+	"github.com/egret-proxy/egret/proxy"
 )
 
 // metrics are the agent's own; the proxy's are registered beside them.
@@ -14,9 +15,12 @@ type metrics struct {
 	startTime  prometheus.Histogram
 	collected  prometheus.Counter
 	sourceErrs prometheus.Counter
+	failOpen   prometheus.Gauge
+	fdsUsed    prometheus.GaugeFunc
+	fdsCap     prometheus.GaugeFunc
 }
 
-func newMetrics(reg prometheus.Registerer, att Attacher) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, att Attacher, fds *proxy.FDs) (*metrics, error) {
 	m := &metrics{
 		pods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "egret_agent_pods",
@@ -43,8 +47,21 @@ func newMetrics(reg prometheus.Registerer, att Attacher) (*metrics, error) {
 			Name: "egret_agent_pod_source_errors_total",
 			Help: "Refused reloads of the pod source.",
 		}),
+		failOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "egret_agent_descriptors_exhausted",
+			Help: "1 while egret is out of the file descriptors it lets pods take: every pod's new connects go direct (fail open) until it has room again.",
+		}),
+		fdsUsed: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "egret_agent_pod_descriptors",
+			Help: "File descriptors held for pods' connections now (two per connection: the client's and its upstream's).",
+		}, func() float64 { return float64(fds.Used()) }),
+		fdsCap: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "egret_agent_pod_descriptors_capacity",
+			Help: "File descriptors pods' connections may hold: the soft RLIMIT_NOFILE less the reserve egret keeps for itself.",
+		}, func() float64 { return float64(fds.Capacity()) }),
 	}
-	if err := promreg.Register(reg, m.pods, m.events, m.failures, m.startTime, m.collected, m.sourceErrs, newDirectCollector(att)); err != nil {
+	if err := promreg.Register(reg, m.pods, m.events, m.failures, m.startTime, m.collected, m.sourceErrs,
+		m.failOpen, m.fdsUsed, m.fdsCap, newDirectCollector(att)); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +37,7 @@ type podState struct {
 	policy *podPolicy
 	lns    []net.Listener
 	traces *proxy.Traces
+	quota  *proxy.Quota
 	served sync.WaitGroup
 	// unwatch ends the delivery of the pod's ambiguous answers to the
 	// Reporter.
@@ -81,6 +84,9 @@ func directProtocol(p proxy.Protocol) bpfload.DirectProtocol {
 }
 
 func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
+	if err := a.checkCgroup(p); err != nil {
+		return nil, err
+	}
 	ps := &podState{pod: p, state: StateRunning, since: time.Now()}
 	defer func() {
 		if err != nil {
@@ -142,6 +148,8 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		}()
 	}
 	pc.Metrics = a.pmetrics
+	ps.quota = proxy.NewQuota(a.podLimits(p), a.cfg.FDs)
+	pc.Quota = ps.quota
 	pc.Logger = a.log.With("pod", p.Name)
 	ps.learner = &podLearner{att: a.cfg.Attacher}
 	ps.learner.ttl.Store(int64(p.Learn.TTL))
@@ -167,11 +175,31 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		}()
 	}
 	// Attach last: from now on the pod's connects come to a ready proxy.
-	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig(p)); err != nil {
+	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, a.kernelConfig(ps, p)); err != nil {
 		return nil, fmt.Errorf("attach to cgroup %s: %w", p.Cgroup, err)
 	}
 	ps.learner.id.Store(ps.cgid)
 	return ps, nil
+}
+
+// checkCgroup refuses a pod whose cgroup is another pod's (removing
+// one would detach the other) or contains egret's own cgroup (egret's own
+// connects would be redirected to itself).
+func (a *Agent) checkCgroup(p pods.Pod) error {
+	cg := filepath.Clean(p.Cgroup)
+	if self := a.cfg.SelfCgroup; self != "" {
+		if rel, err := filepath.Rel(cg, filepath.Clean(self)); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
+			return fmt.Errorf("%w: cgroup %s holds egret's own cgroup %s", ErrPodCgroup, cg, self)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name, o := range a.pods {
+		if name != p.Name && filepath.Clean(o.pod.Cgroup) == cg {
+			return fmt.Errorf("%w: cgroup %s is already pod %s's: one cgroup per pod", ErrPodCgroup, cg, name)
+		}
+	}
+	return nil
 }
 
 func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
@@ -195,13 +223,14 @@ func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
 // update applies a changed pod that stays in the same cgroup, namespace
 // and port: exclusions and policy change in place.
 func (ps *podState) update(a *Agent, p pods.Pod) error {
-	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, ps.kernelConfig(p)); err != nil {
+	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, a.kernelConfig(ps, p)); err != nil {
 		return err
 	}
 	ps.policy.set(p)
 	if ps.learner != nil {
 		ps.learner.ttl.Store(int64(p.Learn.TTL))
 	}
+	ps.quota.SetLimits(a.podLimits(p))
 	a.mu.Lock()
 	ps.pod = p
 	a.mu.Unlock()
@@ -296,6 +325,10 @@ func (ps *podState) status() PodStatus {
 	}
 	if ps.policy != nil {
 		s.Policy = ps.policy.Current().Source
+	}
+	if ps.quota != nil {
+		l, u := ps.quota.Limits(), ps.quota.Usage()
+		s.Limits, s.Usage = &l, &u
 	}
 	return s
 }

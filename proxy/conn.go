@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,9 +47,10 @@ type conn struct {
 	bw    *bufio.Writer
 	state connState // guarded by s.mu
 	dst   netip.AddrPort
-	// dstAddr is dst as host:port (transparent mode).
-	dstAddr string
-	pr      prefixReader
+	// dstAddr is dst as host:port, dstHost its address alone (transparent
+	// mode), made once per connection.
+	dstAddr, dstHost string
+	pr               prefixReader
 	// linger: the proxy ends the connection after a request, with input
 	// perhaps still coming (a refused request's body, the rest of a
 	// one-shot body); aborted: it was reset on purpose.
@@ -114,6 +116,8 @@ type prefixReader struct {
 	// set on the connection only when the head is not all in hand and
 	// Read must wait for the rest: most heads arrive whole.
 	headDeadline time.Time
+	// cut is the server's: set, the head's read ends at once.
+	cut *atomic.Bool
 }
 
 func (r *prefixReader) init(c net.Conn) {
@@ -194,6 +198,10 @@ func (r *prefixReader) Read(p []byte) (int, error) {
 	if !r.headDeadline.IsZero() {
 		r.c.SetReadDeadline(r.headDeadline)
 		r.headDeadline = time.Time{}
+		// After the deadline is set, as deadlineReader does.
+		if r.cut != nil && r.cut.Load() {
+			r.c.SetReadDeadline(aLongTimeAgo)
+		}
 	}
 	return r.c.Read(p)
 }
@@ -214,6 +222,7 @@ func (c *conn) serve() {
 		c.c.Close()
 	}()
 	c.pr.init(c.c)
+	c.pr.cut = &c.s.cut
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.pr)
 	defer c.pr.release()
@@ -225,7 +234,8 @@ func (c *conn) serve() {
 			log.Warn("original destination", "client", c.c.RemoteAddr().String(), "err", err)
 			return
 		}
-		c.dst, c.dstAddr = dst, dst.String()
+		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+		c.dst, c.dstAddr, c.dstHost = dst, dst.String(), dst.Addr().String()
 		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
 		if err != nil {
 			return
@@ -286,6 +296,10 @@ func (c *conn) next() bool {
 	c.pr.headDeadline = time.Time{}
 	*hb = head[:0]
 	if err != nil {
+		if c.s.cut.Load() && !errors.Is(err, io.EOF) {
+			c.shutdownAnswer(nil, newRequestID(), start, "egret shut down while the request head was being read")
+			return false
+		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(nil, newRequestID(), start, http.StatusRequestTimeout, "request header not received in time")
 			return false
@@ -531,6 +545,9 @@ func (c *conn) silent() Protocol {
 
 // tunnel serves an explicit-mode CONNECT: it dials the target, says 200
 // and copies bytes both ways, without retries (there is no request to see).
+// Only the ports of Config.ConnectPorts are reached, never a denied or
+// egret's own address (403), and a tunnel silent both ways for
+// TunnelIdleTimeout is closed.
 func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 	target := req.RequestURI
 	host, port, err := net.SplitHostPort(target)
@@ -538,11 +555,24 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 		c.refuse(req, id, start, http.StatusBadRequest, "CONNECT needs host:port")
 		return
 	}
+	if err := c.s.connectAllowed(port); err != nil {
+		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		return
+	}
+	n, _ := strconv.Atoi(port)
+	if err := c.s.checkTarget(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), n); err != nil {
+		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		return
+	}
 	c.s.cfg.Metrics.tunnel()
 	c.s.setState(c, stateTunnel)
 	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.DialTimeout)
 	up, err := c.s.cfg.Dial(ctx, "tcp", target)
 	cancel()
+	if errors.Is(err, ErrDestinationDenied) {
+		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		return
+	}
 	if err != nil {
 		notSent := engine.OutcomeNotSent.String()
 		c.s.cfg.Metrics.request(notSent)
@@ -564,7 +594,8 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 	c.c.SetReadDeadline(time.Time{})
 	c.logRequest(requestLog{id: id, method: req.Method, url: target, attempts: 1, outcome: "tunnel",
 		status: http.StatusOK, start: start})
-	pipe(&bufferedConn{Conn: c.c, r: c.br}, up, nil)
+	idle := newIdleClock(c.s.cfg.TunnelIdleTimeout)
+	pipe(idle.wrap(&bufferedConn{Conn: c.c, r: c.br}), idle.wrap(up), nil)
 }
 
 // wantsUpgrade reports whether the request asks to switch protocols (e.g.

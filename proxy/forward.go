@@ -44,8 +44,10 @@ const (
 // Exchange is one proxied request on its way upstream; the attempt
 // runner's hooks find it in the request's context (ExchangeFrom).
 type Exchange struct {
-	ID       string
-	Upstream *policy.Upstream
+	ID string
+	// Identity is who the upstream is, decided once when the request
+	// came, with the policy entry that applies (Identity.Upstream).
+	Identity Identity
 	Policy   retry.Policy
 	Bulkhead *Bulkhead
 	base     http.RoundTripper
@@ -129,12 +131,14 @@ type target struct {
 func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 	cfg := &c.s.cfg
 	id := newRequestID()
+	if cfg.Mode == Transparent && (req.Method == http.MethodConnect || req.URL.IsAbs()) {
+		// The pod speaks to its own forward proxy (HTTP(S)_PROXY): carried
+		// to the original destination as it was sent, without retries.
+		c.forwardProxy(req, head, id, start)
+		return false
+	}
 	if req.Method == http.MethodConnect {
-		if cfg.Mode == Explicit {
-			c.tunnel(req, id, start)
-			return false
-		}
-		c.refuse(req, id, start, http.StatusMethodNotAllowed, "CONNECT to a transparent destination")
+		c.tunnel(req, id, start)
 		return false
 	}
 	tg, err := c.target(req)
@@ -146,8 +150,14 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		c.refuse(req, id, start, http.StatusLoopDetected, "request already went through this proxy (Via)")
 		return false
 	}
+	if cfg.Mode == Explicit {
+		if err := c.s.checkTarget(tg.host, tg.port); err != nil {
+			c.refuse(req, id, start, http.StatusForbidden, err.Error())
+			return false
+		}
+	}
 	if wantsUpgrade(req) {
-		c.upgrade(req, head, tg, id, start)
+		c.upgrade(req, tg, id, start)
 		return false
 	}
 	var shorten time.Duration
@@ -160,11 +170,20 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		shorten = time.Duration(ms) * time.Millisecond
 	}
 
-	pol := cfg.Policy.Current()
-	up := pol.Match(tg.host, tg.port)
+	// Who the upstream is, decided once: its entry, budget and bulkhead,
+	// and whether its credential may go there.
+	ident := c.identify(c.s.ctx, cfg.Policy.Current(), tg)
+	if ident.Proof == ProofMismatch {
+		cfg.Metrics.hostMismatch()
+	}
+	up := ident.Upstream
 	path := req.URL.Path
 	hasKey := field(req.Header, policy.IdempotencyKeyHeader) != ""
 	rp := up.RetryPolicy(req.Method, path)
+	rp.Upstream = ident.Budget
+	if !ident.Credential {
+		rp.Refresh = nil
+	}
 	if up.InjectsKey(rp.Idempotency, req.Method, hasKey) {
 		req.Header.Set(policy.IdempotencyKeyHeader, policy.NewIdempotencyKey())
 	}
@@ -175,6 +194,16 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		}
 	}
 
+	// The pod's slot for one more request in flight, held until it is
+	// answered.
+	q := cfg.Quota
+	if !q.takeRequest() {
+		c.limitAnswer(req, id, start, limitInFlight,
+			fmt.Sprintf("this pod is at its limit of %d requests in flight", q.Limits().InFlight))
+		return false
+	}
+	defer q.putRequest()
+
 	// The body: held, spooled or streamed once (spec section 1).
 	if field(req.Header, "Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
 		c.c.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
@@ -183,9 +212,17 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 			return false
 		}
 	}
-	body, g, err := c.readBody(req, up.Body)
+	body, g, hold, err := c.readBody(req, up.Body, start)
+	defer q.putHold(hold)
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		if errors.Is(err, ErrLimit) {
+			c.limitAnswer(req, id, start, limitSpool,
+				fmt.Sprintf("this pod is at its limit of %d request-body bytes held", q.Limits().SpoolBytes))
+		} else if errors.Is(err, ErrNoDescriptors) {
+			c.limitAnswer(req, id, start, limitDescriptors, "egret is out of file descriptors for request bodies")
+		} else if c.s.cut.Load() {
+			c.shutdownAnswer(req, id, start, "egret shut down while the request body was being read")
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(req, id, start, http.StatusRequestTimeout, "request body not received in time")
 		} else if errors.Is(err, ErrBadRequest) {
 			c.refuse(req, id, start, http.StatusBadRequest, err.Error())
@@ -200,12 +237,12 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 
 	st := &exchange{Exchange: Exchange{
 		ID:       id,
-		Upstream: up,
+		Identity: ident,
 		Policy:   rp,
-		Bulkhead: cfg.Bulkheads.Get(up.Name, up.Bulkhead),
+		Bulkhead: cfg.Bulkheads.Get(ident.Budget, up.Bulkhead),
 	}}
 	x := &st.Exchange
-	x.base, err = c.s.bases.get(up, tg.host)
+	x.base, err = c.s.bases.get(up, ident.Host)
 	if err != nil {
 		c.refuse(req, id, start, http.StatusBadGateway, err.Error())
 		return false
@@ -228,6 +265,30 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		g.detach()
 	}
 	return keep
+}
+
+// shutdownAnswer answers a request that Shutdown ended before any of it
+// was sent upstream: 503 not-sent, logged.
+func (c *conn) shutdownAnswer(req *http.Request, id string, start time.Time, msg string) {
+	notSent := engine.OutcomeNotSent.String()
+	c.s.cfg.Metrics.request(notSent)
+	c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
+	l := requestLog{id: id, outcome: notSent, status: http.StatusServiceUnavailable, start: start, err: msg}
+	if req != nil {
+		l.method, l.u = req.Method, req.URL
+	}
+	c.logRequest(l)
+}
+
+// limitAnswer answers a request its pod has no room for: 503 not-sent
+// (nothing of it went upstream), counted and logged.
+func (c *conn) limitAnswer(req *http.Request, id string, start time.Time, kind int, msg string) {
+	c.s.limitRefused(kind)
+	notSent := engine.OutcomeNotSent.String()
+	c.s.cfg.Metrics.request(notSent)
+	c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
+	c.logRequest(requestLog{id: id, method: req.Method, u: req.URL, outcome: notSent,
+		status: http.StatusServiceUnavailable, start: start, err: msg})
 }
 
 // target works out where req goes. Explicit mode takes the absolute-form
@@ -262,10 +323,10 @@ func (c *conn) target(req *http.Request) (target, error) {
 	}
 	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 	if host == "" {
-		host = c.dst.Addr().String()
+		host = c.dstHost
 	}
-	// An absolute-form request to an origin is allowed: its path and query
-	// are kept, and dst still wins over its host.
+	// Absolute-form requests never come here (handle passes them
+	// through): the request target is origin-form.
 	u := url.URL{
 		Scheme:   "http",
 		Host:     c.dstAddr,
@@ -279,18 +340,52 @@ func (c *conn) target(req *http.Request) (target, error) {
 // readBody holds the request body as its size and the upstream's limits
 // say (nil: the request has none). The guard lets the connection take its
 // reader back from a one-shot body that the transport may still be reading.
-func (c *conn) readBody(req *http.Request, lim policy.BodyLimits) (*spool.Body, *guard, error) {
+// hold is what the body took of the pod's spool bytes and of the node's
+// descriptors (given back once the request is answered, even on error): a
+// body of known length that will be held takes its length before a byte
+// is read; one of unknown length takes what it holds as it is read; one
+// that may go to a spool file, a descriptor. A body that would pass the
+// pod's limit fails with ErrLimit; one with no descriptor for its file,
+// with ErrNoDescriptors.
+func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time) (b *spool.Body, g *guard, hold spoolHold, err error) {
 	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
 	if src == nil {
-		return nil, nil, nil
+		return nil, nil, spoolHold{}, nil
 	}
 	cl := req.ContentLength
 	if chunked(req) {
 		cl = -1
 	}
-	g := &guard{r: &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout}, c: c.c}
-	b, err := spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
-	return b, g, err
+	q := c.s.cfg.Quota
+	var charge *spoolCharge
+	var r io.Reader = &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut}
+	switch {
+	case cl < 0:
+		charge = &spoolCharge{r: r, q: q}
+		r = charge
+	case cl > 0 && cl <= max(lim.MemoryLimit, lim.SpoolLimit):
+		if !q.takeSpool(cl) {
+			return nil, nil, spoolHold{}, errSpoolLimit
+		}
+		hold.bytes = cl
+	}
+	if (cl < 0 || cl > lim.MemoryLimit) && lim.SpoolLimit > lim.MemoryLimit {
+		// It may go to a spool file: a descriptor for it.
+		if !q.takeSpoolFile() {
+			q.putSpool(hold.bytes)
+			return nil, nil, spoolHold{}, errNoSpoolFile
+		}
+		hold.file = true
+	}
+	g = &guard{r: r, c: c.c}
+	b, err = spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
+	if charge != nil {
+		// What was read is what the body holds; the rest of a one-shot
+		// body is streamed, not held.
+		charge.stop = true
+		hold.bytes = charge.held
+	}
+	return b, g, hold, err
 }
 
 // errDetached: the body's connection was taken back from the transport.
@@ -329,15 +424,28 @@ func (g *guard) detach() {
 	}
 }
 
-// deadlineReader gives each read of a request body ReadTimeout.
+// deadlineReader gives each read of a request body ReadTimeout, and all of
+// them together the request's deadline (until). Once cut is set
+// (Shutdown's grace is over) its reads end at once.
 type deadlineReader struct {
-	c net.Conn
-	r io.Reader
-	d time.Duration
+	c     net.Conn
+	r     io.Reader
+	d     time.Duration
+	until time.Time
+	cut   *atomic.Bool
 }
 
 func (r *deadlineReader) Read(p []byte) (int, error) {
-	r.c.SetReadDeadline(time.Now().Add(r.d))
+	d := time.Now().Add(r.d)
+	if r.until.Before(d) {
+		d = r.until
+	}
+	r.c.SetReadDeadline(d)
+	// Checked after the deadline is set: Shutdown sets cut and then a
+	// deadline in the past, so one of the two ends this read.
+	if r.cut.Load() {
+		r.c.SetReadDeadline(aLongTimeAgo)
+	}
 	return r.r.Read(p)
 }
 
@@ -362,7 +470,7 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exch
 		}
 	}
 	st.url = tg.url
-	if x.Upstream.TLS.Enabled {
+	if x.Identity.Upstream.TLS.Enabled {
 		st.url.Scheme = "https"
 	}
 	st.ctx = exchangeCtx{Context: c.s.ctx, x: x}
@@ -380,8 +488,8 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exch
 	if c.s.cfg.Mode == Explicit {
 		out.Host = tg.url.Host
 	}
-	if r := x.Upstream.Refresher(); r != nil {
-		r.Apply(out) // the upstream's bearer credential (renewed after a 401)
+	if x.Identity.Credential {
+		x.Identity.Upstream.Refresher().Apply(out) // the upstream's bearer credential (renewed after a 401)
 	}
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = nil // send none rather than Go's
@@ -652,7 +760,7 @@ func namedBy(conns []string, k string) bool {
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 func (c *conn) logOutcome(req *http.Request, x *Exchange, attempts int, outcome string, status int, start time.Time, err error) {
-	c.logRequest(requestLog{id: x.ID, method: req.Method, u: req.URL, upstream: x.Upstream.Name,
+	c.logRequest(requestLog{id: x.ID, method: req.Method, u: req.URL, upstream: x.Identity.Budget,
 		attempts: attempts, outcome: outcome, status: status, start: start, e: err})
 }
 
@@ -683,7 +791,7 @@ func (c *conn) logRequest(l requestLog) {
 		return
 	}
 	if l.url == "" && l.u != nil {
-		l.url = l.u.String()
+		l.url = c.s.logURL(l.u)
 	}
 	if l.err == "" && l.e != nil {
 		l.err = l.e.Error()
@@ -709,15 +817,70 @@ func (c *conn) logRequest(l requestLog) {
 }
 
 // upgrade passes a protocol-switching request (e.g. WebSocket) through to
-// the upstream byte for byte, head included, without retries.
-func (c *conn) upgrade(req *http.Request, head []byte, tg target, id string, start time.Time) {
+// the upstream, without retries: its head is written again from the parsed
+// request with the same hygiene as any forwarded request (hop-by-hop and
+// Proxy-* fields removed, folded lines joined as the parser joined them,
+// Via added in explicit mode), keeping only the Connection: Upgrade and
+// Upgrade fields the switch needs; then bytes are copied both ways.
+func (c *conn) upgrade(req *http.Request, tg target, id string, start time.Time) {
 	addr := c.dstAddr
 	if c.s.cfg.Mode == Explicit {
 		addr = net.JoinHostPort(tg.host, strconv.Itoa(tg.port))
 	}
-	prefix := append([]byte(nil), head...)
+	prefix := c.upgradeHead(req, tg)
 	c.logRequest(requestLog{id: id, method: req.Method, u: req.URL, attempts: 1, outcome: "upgrade", start: start})
 	c.passthrough(ProtoUpgrade, addr, prefix)
+}
+
+// upgradeHead writes the head of an upgrade request as it goes upstream.
+func (c *conn) upgradeHead(req *http.Request, tg target) []byte {
+	h := req.Header
+	upg := h["Upgrade"]
+	removeHopHeaders(h)
+	h["Connection"] = []string{"Upgrade"}
+	h["Upgrade"] = upg
+	if chunked(req) {
+		h["Transfer-Encoding"] = []string{"chunked"} // the body's framing, as it follows
+	}
+	if c.s.cfg.Mode == Explicit && c.s.cfg.Via != "" {
+		h["Via"] = append(h["Via"], c.s.via(req.ProtoMajor, req.ProtoMinor))
+	}
+	host := req.Host
+	target := req.URL.RequestURI()
+	if c.s.cfg.Mode == Explicit {
+		host = req.URL.Host
+	}
+	var b strings.Builder
+	b.WriteString(req.Method + " " + target + " HTTP/1.1\r\nHost: " + host + "\r\n")
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		if k != "Host" {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range h[k] {
+			b.WriteString(k + ": " + newlineToSpace.Replace(v) + "\r\n")
+		}
+	}
+	b.WriteString("\r\n")
+	return []byte(b.String())
+}
+
+// forwardProxy carries a transparent connection whose client speaks to its
+// own forward proxy (a CONNECT, or an absolute-form request) to the
+// original destination byte for byte, head included and as it was sent:
+// that destination is the pod's proxy, whose protocol egret keeps.
+func (c *conn) forwardProxy(req *http.Request, head []byte, id string, start time.Time) {
+	prefix := append([]byte(nil), head...)
+	l := requestLog{id: id, method: req.Method, u: req.URL, attempts: 1, outcome: "forward_proxy",
+		upstream: c.dstAddr, start: start}
+	if req.Method == http.MethodConnect {
+		l.u, l.url = nil, req.RequestURI
+	}
+	c.logRequest(l)
+	c.passthrough(ProtoForwardProxy, c.dstAddr, prefix)
 }
 
 // viaLoops reports whether a Via header of h names pseudonym as a

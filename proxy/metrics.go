@@ -27,6 +27,8 @@ type Metrics struct {
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
 	conns       prometheus.Gauge
+	mismatches  prometheus.Counter
+	limits      *prometheus.CounterVec
 	// byOutcome caches requests' counters of the answered outcomes, made
 	// on first use (a series appears once counted, as before): no hashing
 	// of the label and lookup per request.
@@ -96,8 +98,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "egret_proxy_client_connections",
 			Help: "Client connections open now.",
 		}),
+		mismatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egret_proxy_host_mismatches_total",
+			Help: "Transparent requests whose Host named a policy entry that their original destination was not shown to be (by address, DNS or verified TLS): that entry, its credential and its budget were not used.",
+		}),
+		limits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egret_proxy_limit_refusals_total",
+			Help: "Connections and requests refused because their pod was at one of its limits (connections, in_flight, spool_bytes) or the process out of the descriptors it lets pods take (descriptors).",
+		}, []string{"limit"}),
 	}
-	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.ptFailures, m.learned, m.lateHTTPs, m.tunnels, m.rejections, m.conns); err != nil {
+	for _, l := range limitLabels { // defined from the start, for rate()
+		m.limits.WithLabelValues(l)
+	}
+	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns, m.mismatches, m.ptFailures, m.learned, m.limits); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -211,6 +224,19 @@ func (m *Metrics) BulkheadRejected(upstream string) {
 	if m != nil {
 		m.rejections.WithLabelValues(upstream).Inc()
 	}
+}
+
+func (m *Metrics) hostMismatch() {
+	if m != nil {
+		m.mismatches.Inc()
+	}
+}
+
+func (m *Metrics) limitRefused(kind int) {
+	if m == nil {
+		return
+	}
+	m.limits.WithLabelValues(limitLabels[kind]).Inc()
 }
 
 func (m *Metrics) connOpened() {

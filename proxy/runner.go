@@ -120,7 +120,7 @@ func (s *Server) newRunner() http.RoundTripper {
 			}
 			return b.Acquire(ctx)
 		},
-		OnTrace: s.cfg.Traces.Put,
+		OnTrace: s.putTrace,
 		Metrics: s.cfg.RetryMetrics,
 	}
 }

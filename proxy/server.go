@@ -88,15 +88,22 @@ var _ PolicySource = StaticPolicy{}
 
 // Defaults of the Config's limits and timeouts.
 const (
-	DefaultSniffTimeout      = 300 * time.Millisecond
-	DefaultReadHeaderTimeout = 10 * time.Second
-	DefaultReadTimeout       = 30 * time.Second
-	DefaultWriteTimeout      = 30 * time.Second
-	DefaultIdleTimeout       = 90 * time.Second
-	DefaultDialTimeout       = 10 * time.Second
-	DefaultMaxHeaderBytes    = 64 << 10
-	DefaultMaxHeaderCount    = 100
+	DefaultSniffTimeout       = 300 * time.Millisecond
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultReadTimeout        = 30 * time.Second
+	DefaultWriteTimeout       = 30 * time.Second
+	DefaultIdleTimeout        = 90 * time.Second
+	DefaultDialTimeout        = 10 * time.Second
+	DefaultMaxHeaderBytes     = 64 << 10
+	DefaultMaxHeaderCount     = 100
+	DefaultAnswerGrace        = time.Second
+	DefaultRequestReadTimeout = 2 * time.Minute
+	DefaultTunnelIdleTimeout  = 5 * time.Minute
 )
+
+// DefaultConnectPorts are the ports an explicit-mode CONNECT may reach
+// when Config.ConnectPorts is empty.
+var DefaultConnectPorts = []int{443}
 
 // Config configures a Server. Zero fields take the defaults; the shared
 // parts (Budgets, Bulkheads, Traces, Metrics) should be one per node, given
@@ -137,6 +144,10 @@ type Config struct {
 	WriteTimeout      time.Duration
 	IdleTimeout       time.Duration
 	DialTimeout       time.Duration
+	// AnswerGrace is how long, once Shutdown's grace is over, the
+	// requests still in flight have to be answered (their attempts
+	// cancelled) before their connections are closed.
+	AnswerGrace time.Duration
 	// MaxHeaderBytes bounds a request head (request line included) and
 	// MaxHeaderCount its header fields; beyond: 431 (414 for the line).
 	MaxHeaderBytes int
@@ -156,6 +167,39 @@ type Config struct {
 	// the pod's plain HTTP to them must keep reaching egret. nil: nothing
 	// is learned.
 	Learner Learner
+	// Names proves transparent requests' Host names against their original
+	// destinations (egret's resolver, never the pod's); one per node
+	// (default: a Names of the server's own on net.DefaultResolver).
+	Names *Names
+
+	// ConnectPorts are the ports an explicit-mode CONNECT may reach
+	// (default: DefaultConnectPorts, 443 only). TunnelIdleTimeout ends a
+	// CONNECT tunnel when neither side has sent a byte for that long.
+	ConnectPorts      []int
+	TunnelIdleTimeout time.Duration
+	// Protect are addresses (host:port) egret serves besides its proxy
+	// listeners, such as the metrics and pprof address: in explicit mode
+	// no request or CONNECT reaches them, nor the Server's own listeners.
+	Protect []string
+
+	// LogQuery keeps the query string of request URLs in log lines and
+	// traces; by default it is dropped (with any user:password), so that
+	// tokens passed in URLs do not reach log storage.
+	LogQuery bool
+
+	// Limits bound what the clients of this Server (one pod, in the node
+	// agent) may hold at once; zero fields are no limit. Ignored when
+	// Quota is set.
+	Limits Limits
+	// Quota is the account of this Server's clients against their limits
+	// and the node's descriptors (nil: one of the Server's own, of Limits,
+	// with no descriptor account). The node agent gives each pod's Server
+	// the pod's, all drawing from one FDs.
+	Quota *Quota
+	// RequestReadTimeout bounds the reading of a whole request from the
+	// client, head and body, from its first byte: a body trickled a byte
+	// at a time ends there (408), whatever ReadTimeout allows each read.
+	RequestReadTimeout time.Duration
 
 	// Runner, when set, replaces the retry runner (tests of the server
 	// alone). It receives requests whose context carries the Exchange.
@@ -183,6 +227,11 @@ func (c *Config) setDefaults() {
 	def(&c.WriteTimeout, DefaultWriteTimeout)
 	def(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.DialTimeout, DefaultDialTimeout)
+	def(&c.AnswerGrace, DefaultAnswerGrace)
+	def(&c.RequestReadTimeout, DefaultRequestReadTimeout)
+	if c.Quota == nil {
+		c.Quota = NewQuota(c.Limits, nil)
+	}
 	if c.MaxHeaderBytes <= 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
@@ -192,9 +241,12 @@ func (c *Config) setDefaults() {
 	if c.Policy == nil {
 		c.Policy = StaticPolicy{policy.Default()}
 	}
-	if c.Dial == nil {
-		d := &net.Dialer{Timeout: c.DialTimeout}
-		c.Dial = d.DialContext
+	def(&c.TunnelIdleTimeout, DefaultTunnelIdleTimeout)
+	if len(c.ConnectPorts) == 0 {
+		c.ConnectPorts = DefaultConnectPorts
+	}
+	if c.Names == nil {
+		c.Names = &Names{}
 	}
 	if c.Budgets == nil {
 		c.Budgets = engine.NewBudgets()
@@ -221,12 +273,19 @@ type Server struct {
 
 	draining atomic.Bool
 	closing  atomic.Bool
+	// cut is set when Shutdown's grace is over: in-flight requests are
+	// answered and their connections closed.
+	cut atomic.Bool
+	// changed is signalled when a connection ends or changes state.
+	changed chan struct{}
 	// ctx is cancelled when Shutdown gives up waiting: in-flight attempts
 	// end then.
 	ctx    context.Context
 	cancel context.CancelFunc
 
 	via11 string // "1.1 " + cfg.Via
+	// protect: Config.Protect, parsed.
+	protect []netip.AddrPort
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -249,9 +308,23 @@ func New(cfg Config) (*Server, error) {
 		via11:     "1.1 " + cfg.Via,
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*conn]struct{}),
+		changed:   make(chan struct{}, 1),
 	}
+	for _, a := range cfg.Protect {
+		host, port, err := net.SplitHostPort(a)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%w: Protect %q: want host:port", ErrConfig, a)
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
+			ip = netip.IPv6Unspecified() // "" or a name: every local address
+		}
+		s.protect = append(s.protect, netip.AddrPortFrom(ip.Unmap(), uint16(n)))
+	}
+	s.cfg.Dial = s.guardDial(cfg.Dial)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.bases = newBases(cfg.Dial)
+	s.bases = newBases(s.cfg.Dial)
 	s.runner = cfg.Runner
 	if s.runner == nil {
 		s.runner = s.newRunner()
@@ -291,6 +364,7 @@ func (s *Server) Serve(l net.Listener) error {
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				s.cfg.Quota.fds.acceptFailed(err)
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.cfg.Logger.Warn("accept", "err", err, "retry_in", backoff)
 				time.Sleep(backoff)
@@ -299,6 +373,12 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		backoff = 0
+		if kind, ok := s.cfg.Quota.takeConn(); !ok {
+			// At its limit: the client's connect is refused (reset) now,
+			// rather than kept waiting.
+			s.refuseConn(nc, kind)
+			continue
+		}
 		c := s.newConn(rawsock.Wrap(nc))
 		if c == nil {
 			continue
@@ -316,9 +396,19 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 
 // Shutdown drains the server: it stops accepting, denies retries, closes
 // idle keep-alive connections, lets in-flight requests, tunnels and
-// passthrough connections finish until ctx ends, then closes what is left
-// and returns ctx's error (nil when everything finished in time). Idle
-// upstream connections are closed too.
+// passthrough connections finish until ctx ends, and returns ctx's error
+// (nil when everything finished in time). Idle upstream connections are
+// closed too.
+//
+// When ctx ends first, every request still in flight is told the truth
+// before its connection goes: its attempts are cancelled and it is
+// answered as any failed request is (503 not-sent when no byte of it can
+// have reached the upstream, 502/504 failed or ambiguous otherwise, with
+// Egret-Outcome and its log line); a request whose body was still being
+// read from the client gets 503 not-sent. Only a connection whose response
+// body has begun (it cannot be answered again), a tunnel or a passthrough
+// is cut at once. The answers get up to AnswerGrace; what is left then is
+// closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
 	s.closing.Store(true)
@@ -342,16 +432,63 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			s.cancel()
+			s.cutInFlight()
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// cutInFlight ends what is left once Shutdown's grace is over: in-flight
+// requests are answered (their attempts cancelled, reads from their
+// clients interrupted), then what has not ended within AnswerGrace is
+// closed.
+func (s *Server) cutInFlight() {
+	s.cut.Store(true)
+	s.cancel()
+	s.mu.Lock()
+	for c := range s.conns {
+		if c.state == stateActive {
+			// A read from the client (a request head or body) ends now;
+			// the conn answers it 503 not-sent. The reader checks cut
+			// after setting its own deadline, so this one is not lost.
+			c.c.SetReadDeadline(aLongTimeAgo)
+		} else {
+			c.c.Close()
+		}
+	}
+	s.mu.Unlock()
+	timer := time.NewTimer(s.cfg.AnswerGrace)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		left := len(s.conns)
+		if left == 0 {
+			s.shut = true
+		}
+		s.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		select {
+		case <-s.changed:
+		case <-timer.C:
 			s.mu.Lock()
 			s.shut = true
 			for c := range s.conns {
 				c.c.Close()
 			}
 			s.mu.Unlock()
-			return ctx.Err()
-		case <-tick.C:
+			return
 		}
+	}
+}
+
+// signal tells cutInFlight that a connection changed state or ended.
+func (s *Server) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
 	}
 }
 
@@ -388,6 +525,7 @@ func (s *Server) newConn(nc net.Conn) *conn {
 	defer s.mu.Unlock()
 	if s.shut {
 		nc.Close()
+		s.cfg.Quota.putConn()
 		return nil
 	}
 	s.conns[c] = struct{}{}
@@ -399,7 +537,29 @@ func (s *Server) removeConn(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	s.cfg.Quota.putConn()
 	s.cfg.Metrics.connClosed()
+	s.signal()
+}
+
+// refuseConn resets a connection its tenant has no room for. The refusals
+// are counted, and logged at 1, 2, 4, 8... of a kind: a pod that hammers
+// its limit does not flood the log.
+func (s *Server) refuseConn(nc net.Conn, kind int) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	nc.Close()
+	s.limitRefused(kind)
+}
+
+func (s *Server) limitRefused(kind int) {
+	n := s.cfg.Quota.refused[kind].Add(1)
+	s.cfg.Metrics.limitRefused(kind)
+	if n&(n-1) == 0 {
+		s.cfg.Logger.Warn("tenant at its limit", "limit", limitLabels[kind], "refused", n,
+			"limits", fmt.Sprintf("%+v", s.cfg.Quota.Limits()))
+	}
 }
 
 // setState moves c to state; a kept connection becoming active again while
@@ -412,5 +572,6 @@ func (s *Server) setState(c *conn, st connState) bool {
 		return false
 	}
 	c.state = st
+	s.signal()
 	return true
 }

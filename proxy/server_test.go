@@ -83,7 +83,7 @@ func TestConnectTunnel(t *testing.T) {
 		io.WriteString(w, "secret")
 	}))
 	defer srv.Close()
-	p := startProxy(t, Config{})
+	p := startProxy(t, Config{ConnectPorts: []int{srv.Listener.Addr().(*net.TCPAddr).Port}})
 	tr := srv.Client().Transport.(*http.Transport).Clone()
 	tr.Proxy = http.ProxyURL(mustURL(t, "http://"+p.addr))
 	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(srv.URL + "/x")
@@ -352,11 +352,11 @@ func TestViaAddedAndLoopRefused(t *testing.T) {
 	if resp.StatusCode != http.StatusLoopDetected {
 		t.Fatalf("request with our Via: status %d, want 508", resp.StatusCode)
 	}
-	// A request to the proxy's own address ends (it arrives back in origin
-	// form and is refused) instead of chaining connections forever.
+	// A request to the proxy's own address is refused before egret dials
+	// itself, instead of chaining connections.
 	resp = rawRequest(t, p.addr, "GET http://"+p.addr+"/ HTTP/1.1\r\nHost: "+p.addr+"\r\n\r\n")
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Fatalf("request to itself: status %d, want the inner 400 relayed", resp.StatusCode)
+	if resp.StatusCode != http.StatusForbidden || resp.Header.Get(HeaderAttempts) != "0" {
+		t.Fatalf("request to itself: status %d attempts %q, want 403 before any attempt", resp.StatusCode, resp.Header.Get(HeaderAttempts))
 	}
 }
 

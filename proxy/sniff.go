@@ -23,6 +23,9 @@ const (
 	ProtoSilent   Protocol = "server_first" // the destination spoke first, or nobody did
 	ProtoUnknown  Protocol = "unknown"
 	ProtoUpgrade  Protocol = "upgrade" // an HTTP/1.1 Upgrade (e.g. WebSocket)
+	// ProtoForwardProxy: a CONNECT or absolute-form request in transparent
+	// mode, to the pod's own forward proxy.
+	ProtoForwardProxy Protocol = "forward_proxy"
 )
 
 // sniffLen is how many bytes are enough to tell HTTP/1.x from the rest: the

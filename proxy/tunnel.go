@@ -1,9 +1,13 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // closeWriter is a connection that can half-close its sending side.
@@ -72,6 +76,53 @@ func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // CloseWrite half-closes the underlying connection when it can.
 func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(closeWriter); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// idleClock ends a tunnel that has been silent both ways for d: each side's
+// reads wait at most d past the last byte either side read, so a long
+// one-way download is not cut because its other direction is quiet.
+type idleClock struct {
+	d    time.Duration
+	last atomic.Int64 // unix nanoseconds of the last byte read either way
+}
+
+func newIdleClock(d time.Duration) *idleClock {
+	c := &idleClock{d: d}
+	c.last.Store(time.Now().UnixNano())
+	return c
+}
+
+// wrap returns c with its reads under the clock.
+func (k *idleClock) wrap(c net.Conn) *idleConn { return &idleConn{Conn: c, k: k} }
+
+// idleConn is one side of a tunnel whose reads the idleClock bounds.
+type idleConn struct {
+	net.Conn
+	k *idleClock
+}
+
+func (c *idleConn) Read(p []byte) (int, error) {
+	for {
+		c.Conn.SetReadDeadline(time.Unix(0, c.k.last.Load()).Add(c.k.d))
+		n, err := c.Conn.Read(p)
+		if n > 0 {
+			c.k.last.Store(time.Now().UnixNano())
+			return n, nil
+		}
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) &&
+			time.Since(time.Unix(0, c.k.last.Load())) < c.k.d {
+			continue // the other direction spoke meanwhile
+		}
+		return n, err
+	}
+}
+
+// CloseWrite half-closes the underlying connection when it can.
+func (c *idleConn) CloseWrite() error {
 	if cw, ok := c.Conn.(closeWriter); ok {
 		return cw.CloseWrite()
 	}

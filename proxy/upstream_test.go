@@ -238,7 +238,8 @@ upstreams:
     port: %s
     credential:
       bearer_token_file: %s
-`, host, port, tok)))
+      cleartext_addresses: [%s]
+`, host, port, tok, host)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,8 +297,10 @@ func TestMetricsDurationAndBudget(t *testing.T) {
 	var mfs map[string]*dto.MetricFamily
 	for range 200 { // the answer's log line (and observation) follows its last byte
 		mfs = gatherMap(t, reg)
-		if h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed"); h != nil && h.GetSampleCount() == 1 {
-			break
+		h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed")
+		r := histogramOf(mfs["egret_proxy_request_duration_seconds"], "rejected")
+		if h != nil && h.GetSampleCount() == 1 && r != nil && r.GetSampleCount() == 1 {
+			break // both answers observed (the rejected one's too)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -260,6 +260,8 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 		switch {
 		case errors.Is(err, ErrRequestInvalid):
 			return engine.RequestInvalid, StagePool
+		case errors.Is(err, ErrProfileRejected):
+			return engine.ProfileRejected, StageConnect
 		case isCertError(err):
 			return engine.TLSCertificate, StageTLS
 		case a.tlsStart && (!a.tlsDone || a.tlsErr != nil):
@@ -300,6 +302,9 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 }
 
 func dialCategory(err error, timedOut bool) (engine.Category, Stage) {
+	if errors.Is(err, ErrProfileRejected) {
+		return engine.ProfileRejected, StageConnect
+	}
 	var dns *net.DNSError
 	if errors.As(err, &dns) {
 		return dnsCategory(dns), StageDNS

@@ -20,6 +20,10 @@ var (
 	// cause inside an *Error, whose message already begins with "egret: ";
 	// like every cause this package makes, it has no prefix of its own.
 	ErrRequestInvalid = errors.New("invalid request")
+	// ErrProfileRejected: a policy refused the request before dispatch
+	// (profile_rejected: not sent, permanent), e.g. a dialer that will
+	// not connect to the destination. A cause, like ErrRequestInvalid.
+	ErrProfileRejected = errors.New("refused by policy")
 )
 
 // Error is a failure without a response to relay whose outcome is not-sent

@@ -50,6 +50,13 @@ type rawPod struct {
 	Exclude          rawExclude `yaml:"exclude"`
 	Learn            rawLearn   `yaml:"learn"`
 	Policy           yaml.Node  `yaml:"policy"`
+	Limits           rawLimits  `yaml:"limits"`
+}
+
+type rawLimits struct {
+	Connections int    `yaml:"connections"`
+	InFlight    int    `yaml:"in_flight"`
+	SpoolBytes  string `yaml:"spool_bytes"`
 }
 
 type rawLearn struct {
@@ -103,6 +110,7 @@ func Parse(name string, data []byte) ([]Pod, error) {
 	}
 	out := make([]Pod, 0, len(raw.Pods))
 	seen := map[string]int{}
+	seenCg := map[string]int{}
 	for i, rp := range raw.Pods {
 		p := Pod{Name: rp.Name, RedirectLoopback: rp.RedirectLoopback}
 		what := fmt.Sprintf("pods[%d]", i)
@@ -122,6 +130,16 @@ func Parse(name string, data []byte) ([]Pod, error) {
 			p.Cgroup = filepath.Clean(rp.Cgroup)
 		default:
 			p.Cgroup = filepath.Join(CgroupRoot, rp.Cgroup)
+		}
+		if p.Cgroup != "" {
+			if err := CheckCgroup(p.Cgroup); err != nil {
+				fail(i, "cgroup", "%s: %v", what, err)
+			} else if j, dup := seenCg[p.Cgroup]; dup {
+				fail(i, "cgroup", "%s: cgroup %s is already pod %s's (line %d): one cgroup per pod",
+					what, p.Cgroup, raw.Pods[j].Name, lines.of(j, "cgroup"))
+			} else {
+				seenCg[p.Cgroup] = i
+			}
 		}
 		switch {
 		case rp.Netns == "" || rp.Netns == "host":
@@ -170,6 +188,20 @@ func Parse(name string, data []byte) ([]Pod, error) {
 				p.Learn.TTL = d
 			}
 		}
+		if rp.Limits.Connections < 0 {
+			fail(i, "limits", "%s: limits.connections %d is negative", what, rp.Limits.Connections)
+		}
+		if rp.Limits.InFlight < 0 {
+			fail(i, "limits", "%s: limits.in_flight %d is negative", what, rp.Limits.InFlight)
+		}
+		p.Limits.Conns, p.Limits.InFlight = rp.Limits.Connections, rp.Limits.InFlight
+		if rp.Limits.SpoolBytes != "" {
+			n, err := policy.ParseSize(rp.Limits.SpoolBytes)
+			if err != nil {
+				fail(i, "limits", "%s: limits.spool_bytes: %v", what, err)
+			}
+			p.Limits.SpoolBytes = n
+		}
 		if rp.Policy.Kind != 0 {
 			b, err := yaml.Marshal(&rp.Policy)
 			if err == nil {
@@ -187,6 +219,21 @@ func Parse(name string, data []byte) ([]Pod, error) {
 		return nil, errors.Join(errs...)
 	}
 	return out, nil
+}
+
+// CheckCgroup refuses a pod cgroup (a clean absolute path) that is not
+// strictly below CgroupRoot: the root itself, or anything at or above it,
+// would put every process of the node (egret's own included) behind
+// egret.
+func CheckCgroup(cg string) error {
+	rel, err := filepath.Rel(CgroupRoot, cg)
+	switch {
+	case err != nil || rel == ".." || strings.HasPrefix(rel, "../"):
+		return fmt.Errorf("cgroup %s is not below the cgroup v2 root %s", cg, CgroupRoot)
+	case rel == ".":
+		return fmt.Errorf("cgroup %s is the cgroup v2 root: every process of the node would be redirected", cg)
+	}
+	return nil
 }
 
 func yamlErrors(name string, err error) error {

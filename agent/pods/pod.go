@@ -46,6 +46,9 @@ type Pod struct {
 	// sniffed them as not HTTP/1.x) are learned, so that the pod's next
 	// connects to them go direct. On by default.
 	Learn Learning
+	// Limits bound what the pod may hold of egret at once; zero fields
+	// take the agent's defaults.
+	Limits Limits
 }
 
 // Learning configures learned-direct destinations for a pod.
@@ -57,6 +60,17 @@ type Learning struct {
 	// TTL is how long a learned destination stays direct; 0 takes the
 	// agent's default (bpfload.DefaultLearnTTL).
 	TTL time.Duration
+}
+
+// Limits are a pod's own limits (zero: the agent's default).
+type Limits struct {
+	// Conns: client connections open at once; one more is refused.
+	Conns int
+	// InFlight: requests being served at once; one more gets 503 not-sent.
+	InFlight int
+	// SpoolBytes: request-body bytes held at once for replays; a body
+	// that would pass it gets 503 not-sent.
+	SpoolBytes int64
 }
 
 // Exclusions are destinations a pod reaches directly, never through egret.
@@ -75,7 +89,7 @@ func (p Pod) Equal(q Pod) bool {
 		slices.Equal(p.Exclude.Ports, q.Exclude.Ports) &&
 		slices.Equal(p.Exclude.CIDRs, q.Exclude.CIDRs) &&
 		p.Exclude.NoDefaultPorts == q.Exclude.NoDefaultPorts &&
-		string(p.Policy) == string(q.Policy) && p.Learn == q.Learn
+		string(p.Policy) == string(q.Policy) && p.Learn == q.Learn && p.Limits == q.Limits
 }
 
 // Validate checks the fields a source cannot leave wrong.
@@ -93,6 +107,9 @@ func (p Pod) Validate() error {
 	}
 	if p.Learn.TTL < 0 {
 		return fmt.Errorf("%w: pod %s: negative learn TTL %s", ErrInvalid, p.Name, p.Learn.TTL)
+	}
+	if p.Limits.Conns < 0 || p.Limits.InFlight < 0 || p.Limits.SpoolBytes < 0 {
+		return fmt.Errorf("%w: pod %s: negative limit", ErrInvalid, p.Name)
 	}
 	return nil
 }

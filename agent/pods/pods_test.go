@@ -29,6 +29,10 @@ const good = `pods:
   - name: batch
     cgroup: /sys/fs/cgroup/unified/batch
     redirect_loopback: true
+    limits:
+      connections: 100
+      in_flight: 20
+      spool_bytes: 16MiB
 `
 
 func TestParse(t *testing.T) {
@@ -57,6 +61,9 @@ func TestParse(t *testing.T) {
 	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts || b.Learn != (Learning{}) {
 		t.Errorf("batch = %+v", b)
 	}
+	if b.Limits != (Limits{Conns: 100, InFlight: 20, SpoolBytes: 16 << 20}) || w.Limits != (Limits{}) {
+		t.Errorf("limits: batch %+v, web %+v", b.Limits, w.Limits)
+	}
 }
 
 func TestParseErrorsNameTheLine(t *testing.T) {
@@ -64,7 +71,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		name, doc, want string
 	}{
 		{"unknown key", "pods:\n  - name: a\n    cgroup: a\n    colour: red\n",
-			`pods.yaml:4: unknown field "colour" (want one of cgroup, exclude, listen_port, name, netns, policy, redirect_loopback)`},
+			`pods.yaml:4: unknown field "colour" (want one of cgroup, exclude, learn, limits, listen_port, name, netns, policy, redirect_loopback)`},
 		{"unknown exclude key", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      port: [1]\n",
 			`pods.yaml:5: unknown field "port" (want one of cidrs, default_ports, ports)`},
 		{"unknown top key", "pod:\n  - name: a\n", `pods.yaml:1: unknown field "pod" (want one of pods)`},
@@ -78,6 +85,18 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		{"syntax", "pods:\n  - name: [\n", "pods.yaml:"},
 		// yaml/v3 says line 1: the list that is broken starts on line 2.
 		{"syntax line", "pods:\n  - name: a\n    cgroup: x\n   netns: host\n", "pods.yaml:2: did not find expected '-' indicator"},
+		// One cgroup per pod: removing one of two entries on a cgroup
+		// detached it while the other still showed running.
+		{"cgroup twice", "pods:\n  - name: a\n    cgroup: x/a\n  - name: b\n    cgroup: " + CgroupRoot + "/x/./a\n",
+			"pods.yaml:5: pod b: cgroup " + CgroupRoot + "/x/a is already pod a's (line 3): one cgroup per pod"},
+		// The root, or anything at or above it, would redirect every
+		// process of the node, egret's own included.
+		{"negative limit", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      in_flight: -1\n", "pods.yaml:4: pod a: limits.in_flight -1 is negative"},
+		{"bad spool size", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      spool_bytes: lots\n", "pods.yaml:4: pod a: limits.spool_bytes"},
+		{"cgroup .", "pods:\n  - name: a\n    cgroup: .\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
+		{"cgroup root", "pods:\n  - name: a\n    cgroup: " + CgroupRoot + "/\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
+		{"cgroup above root", "pods:\n  - name: a\n    cgroup: " + filepath.Dir(CgroupRoot) + "\n", "is not below the cgroup v2 root"},
+		{"cgroup escapes", "pods:\n  - name: a\n    cgroup: ../../etc\n", "is not below the cgroup v2 root"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

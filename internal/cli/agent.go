@@ -58,6 +58,11 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			logQueryFlag,
+			&cli.IntFlag{Name: "pod-max-connections", Usage: "client connections a pod may hold at once, unless it sets its own (default: a quarter of what the descriptors allow, at most 1024)"},
+			&cli.IntFlag{Name: "pod-max-in-flight", Usage: "requests a pod may have in flight at once, unless it sets its own (default 256)"},
+			&cli.StringFlag{Name: "pod-max-spool-bytes", Usage: "request-body `SIZE` a pod may have held for replays at once, unless it sets its own (default 64MiB)"},
+			&cli.IntFlag{Name: "fd-reserve", Usage: "file descriptors kept for egret itself, out of pods' reach (default: 128, or an eighth of the limit)"},
 		}, agentKubeFlags()...),
 		Action:      runAgent,
 		Subcommands: adminCommands(),
@@ -105,6 +110,27 @@ func runAgent(c *cli.Context) error {
 	if port == 0 || port > 65535 {
 		return usage("--listen-port %d: expected a port number, 1 to 65535", port)
 	}
+	podLimits := proxy.Limits{Conns: c.Int("pod-max-connections"), InFlight: c.Int("pod-max-in-flight")}
+	if podLimits.Conns < 0 || podLimits.InFlight < 0 || c.Int("fd-reserve") < 0 {
+		return cli.Exit("--pod-max-connections, --pod-max-in-flight and --fd-reserve cannot be negative", 2)
+	}
+	if v := c.String("pod-max-spool-bytes"); v != "" {
+		n, err := policy.ParseSize(v)
+		if err != nil {
+			return cli.Exit("--pod-max-spool-bytes: "+err.Error(), 2)
+		}
+		podLimits.SpoolBytes = n
+	}
+	nofile, err := raiseNoFile()
+	if err != nil {
+		log.Warn("cannot raise the file descriptor limit", "limit", nofile, "err", err)
+	}
+	fds := proxy.NewFDs(int(min(nofile, 1<<30)), c.Int("fd-reserve"))
+	defConns := podLimits.Conns
+	if defConns == 0 {
+		defConns = fds.FairShare()
+	}
+	log.Info("file descriptors", "limit", nofile, "for_pods", fds.Capacity(), "pod_connections", defConns)
 	// The pod source: a pods file, or the Kubernetes API. What it reports
 	// goes to the agent (made below, before the source runs).
 	var a *agent.Agent
@@ -187,8 +213,11 @@ func runAgent(c *cli.Context) error {
 		ShutdownGrace: c.Duration("grace"),
 		CleanupOnExit: c.Bool("cleanup"),
 		Reporter:      reporter,
+		PodLimits:     podLimits,
+		FDs:           fds,
 		Logger:        log,
 		Registerer:    reg,
+		Proxy:         proxy.Config{LogQuery: c.Bool("log-query")},
 	})
 	if err != nil {
 		l.Close()

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"syscall"
 	"time"
 
 	"github.com/egret-proxy/egret/internal/heapfloor"
@@ -69,7 +70,9 @@ func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPp
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		log.Info("egret profiles", "addr", mln.Addr().String(), "path", "/debug/pprof/")
 	}
-	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Addr is the address bound (Serve ignores it): what a proxy must
+	// not let its clients reach.
+	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, Addr: mln.Addr().String()}
 	go ms.Serve(mln)
 	log.Info("egret metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	return ms, nil
@@ -101,4 +104,27 @@ func checkPprof(c *cli.Context) error {
 		return usage("--pprof needs --metrics ADDR (the profiles are served beside /metrics)")
 	}
 	return nil
+}
+
+// logQueryFlag keeps query strings in request log lines (proxy, agent, run).
+var logQueryFlag = &cli.BoolFlag{Name: "log-query", Usage: "keep the query string of request URLs in log lines and traces (default: dropped, so that tokens in URLs do not reach log storage)"}
+
+// raiseNoFile raises the soft RLIMIT_NOFILE to the hard limit (Go's
+// runtime does so on Linux too; this says it, and does it wherever the
+// runtime did not) and returns the soft limit in force: what the node
+// agent's descriptor account is sized by.
+func raiseNoFile() (uint64, error) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, err
+	}
+	if rl.Cur < rl.Max {
+		want := rl
+		want.Cur = rl.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
+			return rl.Cur, err
+		}
+		rl = want
+	}
+	return rl.Cur, nil
 }

@@ -7,6 +7,9 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,6 +42,9 @@ func proxyCommand() *cli.Command {
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "how long in-flight requests may take to finish on shutdown"},
 			&cli.StringFlag{Name: "spool-dir", Usage: "directory for spooled request bodies (default: the system's temporary directory)"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			logQueryFlag,
+			&cli.StringFlag{Name: "connect-ports", Value: "443", Usage: "comma-separated `PORTS` a CONNECT may reach"},
+			&cli.DurationFlag{Name: "tunnel-idle-timeout", Value: proxy.DefaultTunnelIdleTimeout, Usage: "close a CONNECT tunnel silent both ways for this long"},
 		},
 		Action: runProxy,
 	}
@@ -79,6 +85,10 @@ func runProxy(c *cli.Context) error {
 			return err
 		}
 	}
+	connectPorts, err := parsePorts(c.String("connect-ports"))
+	if err != nil {
+		return cli.Exit("--connect-ports: "+err.Error(), 2)
+	}
 	stopFloor, err := startHeapFloor(c)
 	if err != nil {
 		return err
@@ -118,7 +128,32 @@ func runProxy(c *cli.Context) error {
 		src, policyName = w, f
 	}
 
+	// The metrics (and pprof) address is served first, so that the proxy
+	// knows the address bound and refuses to reach it for its clients.
+	var ready atomic.Pointer[proxy.Server] // set once the proxy is made
+	var ms *http.Server
+	var protect []string
+	if metricsAddr != "" {
+		isReady := func() error {
+			if s := ready.Load(); s == nil || s.Draining() {
+				return errors.New("draining")
+			}
+			return nil
+		}
+		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), isReady); err != nil {
+			return err
+		}
+		defer ms.Close()
+		protect = append(protect, ms.Addr)
+	}
+	// Out of descriptors a new connection is refused at once rather
+	// than left in the accept queue; egret keeps a reserve for itself.
+	nofile, err := raiseNoFile()
+	if err != nil {
+		log.Warn("cannot raise the file descriptor limit", "limit", nofile, "err", err)
+	}
 	srv, err := proxy.New(proxy.Config{
+		Quota:        proxy.NewQuota(proxy.Limits{}, proxy.NewFDs(int(min(nofile, 1<<30)), 0)),
 		Mode:         proxy.Explicit,
 		Policy:       src,
 		Witness:      witness.TCPInfo{},
@@ -127,26 +162,19 @@ func runProxy(c *cli.Context) error {
 		Logger:       log,
 		SpoolDir:     c.String("spool-dir"),
 		Via:          "egret",
+		LogQuery:     c.Bool("log-query"),
+		ConnectPorts: connectPorts,
+		Protect:      protect,
+
+		TunnelIdleTimeout: c.Duration("tunnel-idle-timeout"),
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
+	ready.Store(srv)
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
-	}
-	var ms *http.Server
-	if metricsAddr != "" {
-		ready := func() error {
-			if srv.Draining() {
-				return errors.New("draining")
-			}
-			return nil
-		}
-		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), ready); err != nil {
-			ln.Close()
-			return err
-		}
 	}
 	log.Info("egret proxy listening", "addr", ln.Addr().String(), "mode", "explicit", "policy", policyName)
 
@@ -171,4 +199,18 @@ func runProxy(c *cli.Context) error {
 	}
 	log.Info("egret proxy stopped")
 	return nil
+}
+
+// parsePorts reads a comma-separated list of TCP ports.
+func parsePorts(s string) ([]int, error) {
+	var ports []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%q is not a port", f)
+		}
+		ports = append(ports, n)
+	}
+	return ports, nil
 }

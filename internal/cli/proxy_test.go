@@ -114,6 +114,23 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 	id := resp.Header.Get("Egret-Request-Id")
 	want := fmt.Sprintf("id=%s method=GET url=http://%s/flaky upstream=%s attempts=2 outcome=relayed status=200", id, ln.Addr(), ln.Addr())
 	waitLine(t, lines, want)
+	// Its own metrics and pprof address is out of the clients' reach:
+	// by request, and by CONNECT (whose port 443 only is allowed).
+	if resp, err := client.Get("http://" + profAddr + "/debug/pprof/cmdline"); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("GET egret's pprof through egret: %v %v", resp, err)
+	}
+	for _, target := range []string{profAddr, addr, "example.com:22"} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		cr, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		c.Close()
+		if err != nil || cr.StatusCode != http.StatusForbidden {
+			t.Fatalf("CONNECT %s through egret: %v %v", target, cr, err)
+		}
+	}
 
 	slow := make(chan string, 1)
 	go func() {

@@ -44,6 +44,7 @@ func runCommand() *cli.Command {
 			&cli.UintFlag{Name: "listen-port", Usage: "`PORT` of egret's listener (default: a free one)"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log only warnings and errors"},
+			logQueryFlag,
 			heapFloorFlag,
 		},
 		Action: runRun,
@@ -95,9 +96,12 @@ func runRun(c *cli.Context) error {
 		pol = proxy.StaticPolicy{P: p}
 	}
 
-	collectStaleRuns(log)
+	collectStaleRuns(log, nil)
 	r := &runEnv{name: runPrefix + randSuffix(), log: log}
 	defer r.cleanup()
+	if r.lock, err = lockRun(r.name); err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
 	if err := r.setup(mode); err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
@@ -131,6 +135,7 @@ func runRun(c *cli.Context) error {
 		ShutdownGrace: 2 * time.Second,
 		CleanupOnExit: true,
 		Logger:        log,
+		Proxy:         proxy.Config{LogQuery: c.Bool("log-query")},
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
@@ -221,6 +226,7 @@ type runEnv struct {
 	stopAgent func()
 	agentDone chan struct{}
 	done      bool
+	lock      *os.File // the run's lock file, held while it lives
 }
 
 func (r *runEnv) setup(mode string) error {
@@ -308,6 +314,11 @@ func (r *runEnv) cleanup() {
 			}
 		}
 	}
+	if r.lock != nil {
+		// Last: until everything is removed, the run counts as alive.
+		os.Remove(runLockPath(r.name))
+		r.lock.Close()
+	}
 }
 
 // levelHandler drops records below a level.
@@ -330,49 +341,113 @@ func (h levelHandler) WithGroup(name string) slog.Handler {
 
 const runPrefix = "egret-run-"
 
+// runLockDir holds a lock file per `egret run`, NAME.lock, which the run's
+// process holds locked (flock) for its whole life: the kernel releases the
+// lock when the process is gone, however it ended, so a lock that can be
+// taken is a run whose process is gone.
+var runLockDir = "/run/egret/runs"
+
+// lockRun creates and locks the lock file of run name. The file is locked
+// before it gets its name, so a collector never finds it unlocked.
+func lockRun(name string) (*os.File, error) {
+	if err := os.MkdirAll(runLockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("run lock: %w", err)
+	}
+	f, err := os.CreateTemp(runLockDir, "."+name+"-*")
+	if err != nil {
+		return nil, fmt.Errorf("run lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("run lock: %w", err)
+	}
+	if err := os.Rename(f.Name(), runLockPath(name)); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("run lock: %w", err)
+	}
+	return f, nil
+}
+
+func runLockPath(name string) string { return filepath.Join(runLockDir, name+".lock") }
+
+// claimRun takes the lock of run name if its process is gone. It returns
+// the locked file (nil when the run has no lock file: one started by an
+// egret before lock files) and whether the run is alive.
+func claimRun(name string) (lock *os.File, alive bool) {
+	f, err := os.Open(runLockPath(name))
+	if err != nil {
+		return nil, false
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, true // held: its process lives
+	}
+	return f, false
+}
+
 // collectStaleRuns removes what an `egret run` killed without cleaning up
 // (SIGKILL) left: its pinned eBPF state (whose pinned links would keep its
 // command's cgroup attached), its namespace and veth, its cgroups and
-// whatever still runs in them. A run is stale when no process is left in
-// its egret cgroup (the egret run process itself lives there).
-func collectStaleRuns(log *slog.Logger) {
+// whatever still runs in them. It touches only runs whose process is gone:
+// their lock file (runLockDir) is not held any more. A run without a lock
+// file (an older egret's) is stale when no process is left in its egret
+// cgroup, the egret run process's own, and it is not a run just starting.
+// only, when not nil, limits the collection to the runs it accepts.
+func collectStaleRuns(log *slog.Logger, only func(name string) bool) {
 	names := map[string]bool{}
-	for _, d := range []string{bpfload.CgroupRoot, bpfload.BPFFSRoot, netns.Dir} {
+	for _, d := range []string{bpfload.CgroupRoot, bpfload.BPFFSRoot, netns.Dir, runLockDir} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), runPrefix) {
-				names[e.Name()] = true
+			if name := strings.TrimSuffix(e.Name(), ".lock"); strings.HasPrefix(name, runPrefix) && (only == nil || only(name)) {
+				names[name] = true
 			}
 		}
 	}
 	for name := range names {
-		top := filepath.Join(bpfload.CgroupRoot, name)
+		collectStaleRun(log, name)
+	}
+}
+
+func collectStaleRun(log *slog.Logger, name string) {
+	top := filepath.Join(bpfload.CgroupRoot, name)
+	lock, alive := claimRun(name)
+	if alive {
+		return
+	}
+	if lock != nil {
+		defer func() {
+			os.Remove(runLockPath(name))
+			lock.Close()
+		}()
+	} else {
 		if fi, err := os.Stat(top); err == nil && time.Since(fi.ModTime()) < 30*time.Second {
-			continue // maybe a run that is just starting
+			return // maybe a run that is just starting
 		}
 		if procs, err := os.ReadFile(filepath.Join(top, "egret", "cgroup.procs")); err == nil && len(strings.TrimSpace(string(procs))) > 0 {
-			continue // alive
+			return // alive
 		}
 		if _, err := os.Stat(filepath.Join(top, "egret")); err != nil && !errors.Is(err, os.ErrNotExist) {
-			continue
+			return
 		}
-		r := &runEnv{name: name, log: log, top: top, selfCg: filepath.Join(top, "egret"), cmdCg: filepath.Join(top, "cmd")}
-		if _, err := os.Stat(top); err != nil {
-			r.top = ""
-		}
-		pin := filepath.Join(bpfload.BPFFSRoot, name)
-		if _, err := os.Stat(pin); err == nil {
-			if l, err := bpfload.Load(bpfload.Options{PinDir: pin}); err == nil {
-				r.loader = l
-			} else {
-				log.Warn("stale egret run: cannot adopt its eBPF state", "pin_dir", pin, "err", err)
-			}
-		}
-		if _, err := os.Stat(filepath.Join(netns.Dir, name)); err == nil {
-			r.newNs = true
-		}
-		r.hostIf = "egr" + name[len(name)-8:]
-		r.cleanup()
-		log.Info("removed what an earlier egret run left", "name", name)
 	}
+	r := &runEnv{name: name, log: log, top: top, selfCg: filepath.Join(top, "egret"), cmdCg: filepath.Join(top, "cmd")}
+	if _, err := os.Stat(top); err != nil {
+		r.top = ""
+	}
+	pin := filepath.Join(bpfload.BPFFSRoot, name)
+	if _, err := os.Stat(pin); err == nil {
+		if l, err := bpfload.Load(bpfload.Options{PinDir: pin}); err == nil {
+			r.loader = l
+		} else {
+			log.Warn("stale egret run: cannot adopt its eBPF state", "pin_dir", pin, "err", err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(netns.Dir, name)); err == nil {
+		r.newNs = true
+	}
+	r.hostIf = "egr" + name[len(name)-8:]
+	r.cleanup()
+	log.Info("removed what an earlier egret run left", "name", name)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -80,6 +81,7 @@ type rawUpstream struct {
 	RefreshCommand val[[]string]
 	RefreshTimeout val[time.Duration]
 	CommandDir     val[string]
+	Cleartext      val[[]netip.Prefix]
 }
 
 // rawDoc is one decoded file.
@@ -87,6 +89,7 @@ type rawDoc struct {
 	file      string
 	defaults  *rawUpstream
 	upstreams []*rawUpstream
+	deny      val[[]netip.Prefix] // deny_destinations
 }
 
 type decoder struct {
@@ -146,6 +149,13 @@ func (d *decoder) decodeDoc(data []byte) *rawDoc {
 	d.mapping(n, "", map[string]func(*yaml.Node, string){
 		"defaults": func(v *yaml.Node, p string) {
 			doc.defaults = d.upstream(v, p, -1)
+		},
+		"deny_destinations": func(v *yaml.Node, p string) {
+			if d.override {
+				d.fail(d.posOf(v, p), ErrNotOverridable, "only the node's policy may set this")
+				return
+			}
+			d.prefixes(v, p, &doc.deny)
 		},
 		"upstreams": func(v *yaml.Node, p string) {
 			if isNull(v) {
@@ -538,6 +548,9 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 			"bearer_token_file": func(v *yaml.Node, p string) { d.filePath(v, p, &u.TokenFile) },
 			"refresh_command":   func(v *yaml.Node, p string) { d.argv(v, p, u) },
 			"refresh_timeout":   func(v *yaml.Node, p string) { d.duration(v, p, true, &u.RefreshTimeout) },
+			"cleartext_addresses": func(v *yaml.Node, p string) {
+				d.prefixes(v, p, &u.Cleartext)
+			},
 		})
 	} else {
 		fields["credential"] = func(v *yaml.Node, p string) {
@@ -807,4 +820,37 @@ func (d *decoder) argv(n *yaml.Node, path string, u *rawUpstream) {
 	}
 	u.RefreshCommand.put(argv, at)
 	u.CommandDir.put(d.dir, at)
+}
+
+// prefixes decodes a list of IP addresses and CIDR prefixes (an address is
+// a prefix of its full length). An empty list is a list, not an absence.
+func (d *decoder) prefixes(n *yaml.Node, path string, dst *val[[]netip.Prefix]) {
+	list := []netip.Prefix{}
+	ok := true
+	isList := d.sequence(n, path, func(i int, e *yaml.Node, ep string) {
+		var v val[string]
+		s, good := d.str(e, ep, &v)
+		if !good {
+			ok = false
+			return
+		}
+		pf, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil || a.Zone() != "" {
+				d.fail(v.at, ErrInvalid, "%q is not an IP address or a CIDR prefix", s)
+				ok = false
+				return
+			}
+			pf = netip.PrefixFrom(a, a.BitLen())
+		}
+		if pf.Addr().Is4In6() && pf.Bits() >= 96 {
+			pf = netip.PrefixFrom(pf.Addr().Unmap(), pf.Bits()-96)
+		}
+		pf = pf.Masked()
+		list = append(list, pf)
+	})
+	if ok && isList {
+		dst.put(list, d.posOf(n, path))
+	}
 }

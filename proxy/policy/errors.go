@@ -28,6 +28,11 @@ var (
 	// ErrNotOverridable: a per-pod override sets a field only the node's
 	// policy may set (name, budget, bulkhead, body limits, tls, credential).
 	ErrNotOverridable = errors.New("not overridable")
+	// ErrEmpty: a Watcher was given a policy file with no document in it
+	// (nothing, blanks or comments only: a file caught mid-write, or
+	// truncated). It is not taken for "every default": a policy of
+	// defaults only says so, e.g. `defaults: {}`.
+	ErrEmpty = errors.New("empty policy file")
 )
 
 // maxErrors bounds how many problems one parse reports.

@@ -29,7 +29,7 @@ func TestBadFiles(t *testing.T) {
 		{"syntax", "defaults:\n  max_attempts: 3\n   timeout: 1s\n", "3:0 ", ErrSyntax, "mapping values are not allowed"},
 		{"two documents", "defaults: {}\n---\nupstreams: []\n", "2:1 ", ErrSyntax, "more than one YAML document"},
 		{"top level list", "- a\n", "1:1 ", ErrInvalid, "want a mapping"},
-		{"unknown top", "defaults: {}\nupstream: []\n", "2:1 upstream", ErrUnknownField, "want one of defaults, upstreams"},
+		{"unknown top", "defaults: {}\nupstream: []\n", "2:1 upstream", ErrUnknownField, "want one of defaults, deny_destinations, upstreams"},
 		{"unknown nested", "upstreams:\n  - host: a.test\n    backoff:\n      kind: full\n      jitter: 1\n", "5:7 upstreams[0].backoff.jitter", ErrUnknownField, "unknown field"},
 		{"duplicate key", "defaults:\n  max_attempts: 2\n  max_attempts: 3\n", "3:3 defaults.max_attempts", ErrDuplicate, "first at line 2"},
 		{"backoff kind", "upstreams:\n  - host: a.test\n  - host: b.test\n    backoff:\n      kind: jitter\n", "5:13 upstreams[1].backoff.kind", ErrInvalid, `"jitter" is not full or decorrelated`},
@@ -101,8 +101,8 @@ func TestBadFiles(t *testing.T) {
 		{"ca missing", "upstreams:\n  - host: a.test\n    tls:\n      enabled: true\n      ca_file: " + missing + "\n", "5:16 upstreams[0].tls.ca_file", ErrFile, "no such file"},
 		{"ca not pem", "upstreams:\n  - host: a.test\n    tls:\n      enabled: true\n      ca_file: " + notPEM + "\n", "5:16 upstreams[0].tls.ca_file", ErrFile, "no PEM certificate"},
 		{"key does not match", "upstreams:\n  - host: a.test\n    tls:\n      enabled: true\n      cert_file: " + keys.clientCert + "\n      key_file: " + keys.serverKey + "\n", "5:18 upstreams[0].tls.cert_file", ErrFile, "client certificate"},
-		{"token missing", "upstreams:\n  - host: a.test\n    credential:\n      bearer_token_file: " + missing + "\n", "4:26 upstreams[0].credential.bearer_token_file", ErrFile, "no such file"},
-		{"token empty", "upstreams:\n  - host: a.test\n    credential:\n      bearer_token_file: " + emptyToken + "\n", "4:26 upstreams[0].credential.bearer_token_file", ErrFile, "empty"},
+		{"token missing", "upstreams:\n  - host: a.test\n    credential:\n      cleartext_addresses: [10.0.0.1]\n      bearer_token_file: " + missing + "\n", "5:26 upstreams[0].credential.bearer_token_file", ErrFile, "no such file"},
+		{"token empty", "upstreams:\n  - host: a.test\n    credential:\n      cleartext_addresses: [10.0.0.1]\n      bearer_token_file: " + emptyToken + "\n", "5:26 upstreams[0].credential.bearer_token_file", ErrFile, "empty"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

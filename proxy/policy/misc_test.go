@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -79,11 +80,11 @@ func TestCommentedOutBlocks(t *testing.T) {
 func TestWarnings(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "tok", "t")
-	p, err := Load(writeFile(t, dir, "p.yaml", "upstreams:\n  - host: plain.test\n    credential: {bearer_token_file: tok}\n  - host: safe.test\n    tls: {enabled: true}\n    credential: {bearer_token_file: tok}\n"))
+	p, err := Load(writeFile(t, dir, "p.yaml", "upstreams:\n  - host: loose.test\n    tls: {enabled: true, insecure_skip_verify: true}\n  - host: safe.test\n    tls: {enabled: true}\n    credential: {bearer_token_file: tok}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0], "plain.test") || !strings.Contains(p.Warnings[0], "cleartext") {
+	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0], "loose.test") || !strings.Contains(p.Warnings[0], "insecure_skip_verify") {
 		t.Errorf("warnings %q", p.Warnings)
 	}
 }
@@ -179,5 +180,38 @@ func BenchmarkMatchRetryPolicy(b *testing.B) {
 	for b.Loop() {
 		_ = p.Match("api.example.com", 443).RetryPolicy("POST", "/v1/orders/17")
 		_ = p.Match("db.ns.svc.cluster.local", 8080).RetryPolicy("GET", "/")
+	}
+}
+
+// A token without TLS goes only where the policy author listed; the lists
+// of addresses are checked; deny_destinations is the node's alone.
+func TestCleartextAndDenyRules(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "tok", "t")
+	for _, tc := range []struct{ doc, where string }{
+		{"upstreams:\n  - host: a.test\n    credential: {bearer_token_file: tok}\n", "p.yaml:3:37: upstreams[0].credential.bearer_token_file"},
+		{"upstreams:\n  - host: a.test\n    tls: {enabled: true}\n    credential: {bearer_token_file: tok, cleartext_addresses: [10.0.0.1]}\n", "upstreams[0].credential.cleartext_addresses: credential.cleartext_addresses is for a token sent without tls"},
+		{"upstreams:\n  - host: a.test\n    credential: {bearer_token_file: tok, cleartext_addresses: [10.0.0.1/33]}\n", `"10.0.0.1/33" is not an IP address or a CIDR prefix`},
+		{"upstreams:\n  - host: a.test\n    credential: {cleartext_addresses: [10.0.0.1]}\n", "credential.cleartext_addresses needs credential.bearer_token_file"},
+		{"deny_destinations: [metadata.google.internal]\n", `deny_destinations[0]: "metadata.google.internal" is not an IP address`},
+		{"deny_destinations: 169.254.169.254\n", "deny_destinations: want a list"},
+	} {
+		_, err := Load(writeFile(t, dir, "p.yaml", tc.doc))
+		if err == nil || !strings.Contains(err.Error(), tc.where) {
+			t.Errorf("%q: %v, want %q", tc.doc, err, tc.where)
+		}
+	}
+	p, err := Load(writeFile(t, dir, "p.yaml", "deny_destinations: [\"::ffff:10.0.0.0/104\", 192.0.2.7]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Denied(netip.MustParseAddr("10.1.2.3")) || !p.Denied(netip.MustParseAddr("192.0.2.7")) || p.Denied(netip.MustParseAddr("169.254.169.254")) {
+		t.Errorf("deny_destinations %v", p.DenyDestinations)
+	}
+	if _, err := Overlay(p, "pod", []byte("deny_destinations: []\n")); !errors.Is(err, ErrNotOverridable) {
+		t.Errorf("a pod's deny_destinations: %v", err)
+	}
+	if o, err := Overlay(p, "pod", []byte("defaults: {max_attempts: 2}\n")); err != nil || !o.Denied(netip.MustParseAddr("192.0.2.7")) {
+		t.Errorf("an overlay keeps the node's deny_destinations: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"net"
 	"net/http"
+	"net/netip"
 	"path"
 	"strconv"
 	"strings"
@@ -94,6 +95,10 @@ type Credential struct {
 	// Dir is the folder the command runs in: the policy file's, so that
 	// relative paths in it mean what they mean in the file.
 	Dir string
+	// CleartextAddresses are the destination addresses a token may be
+	// sent to without TLS (credential.cleartext_addresses). A credential
+	// without TLS and without this list is refused when the policy loads.
+	CleartextAddresses []netip.Prefix
 }
 
 // Upstream is the resolved policy of one upstream entry (or of the
@@ -163,9 +168,13 @@ type Policy struct {
 	Source    string
 	Defaults  *Upstream
 	Upstreams []*Upstream
-	// Warnings are legal but risky settings (a bearer token in cleartext,
-	// certificate checks off); a Watcher logs them.
+	// Warnings are legal but risky settings (certificate checks off); a
+	// Watcher logs them.
 	Warnings []string
+	// DenyDestinations are addresses egret never connects to for a client
+	// in explicit mode (deny_destinations; DefaultDenyDestinations when the
+	// file says nothing, none when it gives an empty list).
+	DenyDestinations []netip.Prefix
 
 	docs    []*rawDoc // the layers it was resolved from, for Overlay
 	parents []*Policy // for an overlay: the policies of docs[:1], docs[:2]...
@@ -189,6 +198,51 @@ func (p *Policy) OriginatesTLS(port int) bool {
 	}
 	for _, u := range p.Upstreams {
 		if u.TLS.Enabled && (u.Port == 0 || u.Port == port) {
+			return true
+		}
+	}
+	return false
+}
+
+// DefaultDenyDestinations are the link-local addresses where clouds serve
+// instance metadata and credentials: IPv4 and IPv6 link-local (AWS, GCP,
+// Azure and OpenStack at 169.254.169.254), AWS's IPv6 endpoint
+// fd00:ec2::254 and Alibaba's 100.100.100.200.
+func DefaultDenyDestinations() []netip.Prefix {
+	return []netip.Prefix{
+		netip.MustParsePrefix("169.254.0.0/16"),
+		netip.MustParsePrefix("fe80::/10"),
+		netip.MustParsePrefix("fd00:ec2::254/128"),
+		netip.MustParsePrefix("100.100.100.200/32"),
+	}
+}
+
+// Denied reports whether a is in the policy's deny_destinations.
+func (p *Policy) Denied(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, pf := range p.DenyDestinations {
+		if pf.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// CredentialAllowed reports whether the upstream's bearer token may be sent
+// on a request to the destination address dst: the upstream has a
+// credential, and either egret speaks TLS to it or dst is one of its
+// credential.cleartext_addresses (an invalid dst, a destination egret
+// resolves itself, matches no address).
+func (u *Upstream) CredentialAllowed(dst netip.Addr) bool {
+	if u.refresher == nil {
+		return false
+	}
+	if u.TLS.Enabled {
+		return true
+	}
+	dst = dst.Unmap()
+	for _, pf := range u.Credential.CleartextAddresses {
+		if dst.IsValid() && pf.Contains(dst) {
 			return true
 		}
 	}

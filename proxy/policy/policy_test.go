@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -79,8 +80,8 @@ func TestExampleDefaultsAreTheEmbeddedOnes(t *testing.T) {
 
 func TestExampleEveryField(t *testing.T) {
 	p, keys := loadExample(t)
-	if len(p.Upstreams) != 3 {
-		t.Fatalf("%d upstreams, want 3", len(p.Upstreams))
+	if len(p.Upstreams) != 4 {
+		t.Fatalf("%d upstreams, want 4", len(p.Upstreams))
 	}
 	u := p.Upstreams[0]
 	want := Upstream{
@@ -121,7 +122,18 @@ func TestExampleEveryField(t *testing.T) {
 		t.Errorf("TLS config = %+v", cfg)
 	}
 
-	w := p.Upstreams[1]
+	side := p.Upstreams[1]
+	if side.Host != "10.96.0.15" || !reflect.DeepEqual(side.Credential.CleartextAddresses, []netip.Prefix{netip.MustParsePrefix("10.96.0.15/32")}) ||
+		!side.CredentialAllowed(netip.MustParseAddr("10.96.0.15")) || side.CredentialAllowed(netip.MustParseAddr("10.96.0.16")) ||
+		!u.CredentialAllowed(netip.Addr{}) {
+		t.Errorf("upstreams[1] (cleartext credential) = %+v", side.Credential)
+	}
+	if !reflect.DeepEqual(p.DenyDestinations, DefaultDenyDestinations()) || !p.Denied(netip.MustParseAddr("169.254.169.254")) ||
+		!p.Denied(netip.MustParseAddr("::ffff:169.254.169.254")) || p.Denied(netip.MustParseAddr("10.0.0.1")) {
+		t.Errorf("deny_destinations = %v", p.DenyDestinations)
+	}
+
+	w := p.Upstreams[2]
 	if w.Host != "*.cache.internal" || w.Port != 0 || w.MaxAttempts != 2 || w.Protocol != ProtocolH2C ||
 		w.Timeout != 15*time.Second || len(w.Routes) != 1 {
 		t.Errorf("upstreams[1] = %+v", w)

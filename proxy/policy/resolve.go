@@ -63,6 +63,7 @@ func apply(u *Upstream, r *rawUpstream, o origins, rank int) {
 	take(&u.Credential.RefreshCommand, r.RefreshCommand, "credential.refresh_command", o, rank)
 	take(&u.Credential.RefreshTimeout, r.RefreshTimeout, "credential.refresh_timeout", o, rank)
 	take(&u.Credential.Dir, r.CommandDir, "credential.dir", o, rank)
+	take(&u.Credential.CleartextAddresses, r.Cleartext, "credential.cleartext_addresses", o, rank)
 	take(&u.Name, r.Name, "name", o, rank)
 }
 
@@ -165,11 +166,23 @@ func (r *resolver) check(u *Upstream, o origins) {
 			"tls.insecure_skip_verify turns off the check tls.ca_file is for")
 	}
 	if u.Credential.BearerTokenFile == "" {
-		for _, f := range []string{"credential.refresh_command", "credential.refresh_timeout"} {
+		for _, f := range []string{"credential.refresh_command", "credential.refresh_timeout", "credential.cleartext_addresses"} {
 			if _, ok := o[f]; ok {
-				r.conflict(o, []string{f}, "a credential refresher needs credential.bearer_token_file")
+				r.conflict(o, []string{f}, "%s needs credential.bearer_token_file", f)
 			}
 		}
+	}
+	_, listed := o["credential.cleartext_addresses"]
+	switch {
+	case u.Credential.BearerTokenFile != "" && !u.TLS.Enabled && !listed:
+		// Without TLS nothing proves who receives the token: only an
+		// address the policy author listed may.
+		r.conflict(o, []string{"credential.bearer_token_file", "tls.enabled"},
+			"a bearer token without tls would be sent in cleartext to whatever the destination is: "+
+				"set tls.enabled: true, or list the addresses it may go to in credential.cleartext_addresses")
+	case listed && u.TLS.Enabled:
+		r.conflict(o, []string{"credential.cleartext_addresses", "tls.enabled"},
+			"credential.cleartext_addresses is for a token sent without tls, but tls.enabled is true")
 	}
 }
 
@@ -193,9 +206,6 @@ func (r *resolver) finish(u *Upstream, o origins, label string) {
 		}
 		u.refresher = newRefresher(c, tok)
 		u.refresh = u.refresher.authorize
-		if !u.TLS.Enabled {
-			r.warnings = append(r.warnings, label+": credential without tls: the bearer token is sent in cleartext")
-		}
 	}
 }
 
@@ -407,6 +417,12 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 	}
 	p.Warnings = r.warnings
 	p.files = r.files
+	p.DenyDestinations = DefaultDenyDestinations()
+	for _, d := range docs {
+		if d.deny.set {
+			p.DenyDestinations = d.deny.v
+		}
+	}
 	return p, nil
 }
 

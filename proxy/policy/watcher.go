@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.yaml.in/yaml/v3"
 )
 
 // DefaultPollInterval is how often a Watcher looks at its file.
@@ -26,7 +27,10 @@ const rehashEvery = 10
 // on every request: it is one atomic load, and a reload swaps the whole
 // Policy at once, so no request ever sees half of one. A file that does not
 // parse is refused (logged with its lines and counted) and the running
-// policy stays in force; so does a file that is briefly missing.
+// policy stays in force; so do a file with no document in it (ErrEmpty:
+// empty, blanks or comments only, as a file caught mid-write is; a policy
+// of defaults only says so, e.g. `defaults: {}`), a file that is missing or
+// cannot be read, and a path that became a directory.
 type Watcher struct {
 	// Interval between polls; set before Run. Default DefaultPollInterval.
 	Interval time.Duration
@@ -141,7 +145,11 @@ func (w *Watcher) poll() {
 	}
 	data, err := readPolicyFile(w.path)
 	if err != nil {
-		return // removed between stat and read: the next poll sees it
+		// Unreadable, or a directory: said and counted once.
+		w.stat = fi
+		w.hash = [sha256.Size]byte{}
+		w.refused(err)
+		return
 	}
 	w.stat = fi
 	h := sha256.Sum256(data)
@@ -157,6 +165,13 @@ func (w *Watcher) poll() {
 
 // load parses data and puts it in force, or refuses it. w.mu is held.
 func (w *Watcher) load(data []byte) error {
+	if noDocument(data) {
+		err := &Error{File: w.path, Msg: "no policy in the file (empty, or comments only); " +
+			"the running policy stays. A policy of defaults only must say so, e.g. `defaults: {}`", Err: ErrEmpty}
+		w.refs = statFiles(w.cur.Load())
+		w.refused(err)
+		return err
+	}
 	p, err := Parse(w.path, data)
 	if err != nil {
 		// The running policy's files, seen as they are now: a refusal is
@@ -199,6 +214,21 @@ func (w *Watcher) refused(err error) {
 	if w.cur.Load() != nil {
 		w.logger.Error("policy refused; keeping the running policy", attrs...)
 	}
+}
+
+// noDocument reports whether data holds no YAML document: nothing, blank
+// lines, comments, or a lone document marker. An explicit empty mapping
+// ("{}") or "defaults: {}" is a document.
+func noDocument(data []byte) bool {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return false // a syntax error: Parse says where
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return true
+	}
+	n := doc.Content[0]
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null" && n.Value == ""
 }
 
 // statFiles stats the files p names (none for nil).

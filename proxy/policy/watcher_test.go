@@ -387,3 +387,77 @@ func TestNewWatcherRefusalIsReturnedNotLogged(t *testing.T) {
 		t.Errorf("the refusal was also logged: %s", logs.String())
 	}
 }
+
+// An empty or comment-only file on reload (a file caught mid-write, a
+// truncation) is not taken for "every upstream entry gone": it is refused,
+// logged and counted, and the running policy stays. A file that says it
+// wants the defaults only is applied.
+func TestWatcherRefusesEmptyFileUnlessExplicit(t *testing.T) {
+	r := startWatcher(t, policyFile(2))
+	failures := 0.0
+	for _, content := range []string{"", "\n\n", "# being rewritten\n# upstreams:\n", "---\n"} {
+		r.write(t, content)
+		failures++
+		eventually(t, fmt.Sprintf("%q refused", content), func() bool { return reloads(t, r.reg, "failure") == failures })
+		if r.attempts() != 2 {
+			t.Fatalf("%q replaced the policy: attempts %d", content, r.attempts())
+		}
+		if gauge(t, r.reg, "egret_policy_last_reload_successful") != 0 {
+			t.Errorf("%q: last_reload_successful not 0", content)
+		}
+		if err := r.w.Reload(); !errors.Is(err, ErrEmpty) {
+			t.Errorf("Reload of %q: %v, want ErrEmpty", content, err)
+		}
+		// Between two empty contents, a good one (else the same refusal
+		// is not logged and counted again).
+		r.write(t, policyFile(2)+"# ok\n")
+		eventually(t, "back to a good file", func() bool {
+			return gauge(t, r.reg, "egret_policy_last_reload_successful") == 1
+		})
+	}
+	if !strings.Contains(r.logs.String(), "no policy in the file") {
+		t.Errorf("logs do not say why:\n%s", r.logs)
+	}
+	r.write(t, "defaults: {}\n")
+	eventually(t, "the explicit defaults applied", func() bool {
+		return r.attempts() == Default().Match("api.test", 80).MaxAttempts && len(r.w.Current().Upstreams) == 0
+	})
+}
+
+// A policy path that became a directory is an error, logged and counted
+// (it used to change nothing and say nothing); the file back is loaded.
+func TestWatcherDirectoryIsAnError(t *testing.T) {
+	r := startWatcher(t, policyFile(2))
+	if err := os.Remove(r.path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(r.path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the directory refused", func() bool { return strings.Contains(r.logs.String(), "is a directory") })
+	if got := reloads(t, r.reg, "failure"); got < 1 {
+		t.Errorf("failures %v, want at least 1", got)
+	}
+	if gauge(t, r.reg, "egret_policy_last_reload_successful") != 0 {
+		t.Error("last_reload_successful not 0")
+	}
+	if r.attempts() != 2 {
+		t.Fatalf("policy changed: %d", r.attempts())
+	}
+	if err := r.w.Reload(); !errors.Is(err, ErrFile) {
+		t.Errorf("Reload of a directory: %v", err)
+	}
+	os.Remove(r.path)
+	r.write(t, policyFile(3))
+	eventually(t, "max_attempts 3", func() bool { return r.attempts() == 3 })
+}
+
+// At start an empty file is refused too: egret does not start on a policy
+// other than the one it was given.
+func TestNewWatcherRefusesEmptyFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "policy.yaml", "# nothing yet\n")
+	if _, err := NewWatcher(filepath.Join(dir, "policy.yaml"), slog.New(slog.DiscardHandler), nil); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("NewWatcher on a comment-only file: %v", err)
+	}
+}

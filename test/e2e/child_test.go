@@ -49,8 +49,22 @@ type request struct {
 	Body    string            `json:"body"`
 	// Load mode: new connection per request, for Duration.
 	Duration time.Duration `json:"duration"`
-	// Connects mode: how many connects.
-	Count int `json:"count,omitempty"`
+	// Silent and stall modes: Count connections (uploads of Size bytes
+	// whose head and first KiB only are sent), checked after Hold, held
+	// until stdin closes.
+	Count int           `json:"count,omitempty"`
+	Size  int           `json:"size,omitempty"`
+	Hold  time.Duration `json:"hold,omitempty"`
+}
+
+// heldReport is what the silent and stall modes say of their connections.
+type heldReport struct {
+	Dialed    int            `json:"dialed"`
+	DialErrs  int            `json:"dial_errors"`
+	Held      int            `json:"held"`  // still open, no answer
+	Reset     int            `json:"reset"` // reset or closed by the other end
+	Answers   map[string]int `json:"answers,omitempty"`
+	FirstErrs []string       `json:"first_errors,omitempty"`
 }
 
 type response struct {
@@ -183,6 +197,35 @@ func child(mode string) int {
 		for sc.Scan() {
 			_ = enc.Encode(do(c, req))
 		}
+	case "burst":
+		// Count requests at once, each on its own connection; the answers
+		// by status and Egret-Outcome (or the error).
+		tr := &http.Transport{DisableKeepAlives: true}
+		c := &http.Client{Transport: tr, Timeout: time.Minute}
+		got := make(chan string, req.Count)
+		for i := range req.Count {
+			r := req
+			r.Headers = map[string]string{}
+			for k, v := range req.Headers {
+				r.Headers[k] = strings.ReplaceAll(v, "{i}", fmt.Sprint(i))
+			}
+			go func() {
+				resp := do(c, r)
+				if resp.Err != "" {
+					got <- "error: " + resp.Err
+					return
+				}
+				got <- fmt.Sprintf("%d %s", resp.Status, resp.Headers.Get("Egret-Outcome"))
+			}()
+		}
+		answers := map[string]int{}
+		for range req.Count {
+			answers[<-got]++
+		}
+		_ = enc.Encode(answers)
+	case "silent", "stall":
+		_ = enc.Encode(holdConns(mode, req))
+		_, _ = io.Copy(io.Discard, os.Stdin) // hold until the test says
 	case "load":
 		var samples []loadSample
 		start := time.Now()
@@ -212,6 +255,68 @@ func child(mode string) int {
 		return 2
 	}
 	return 0
+}
+
+// holdConns opens req.Count connections to req.URL's host and port (each
+// redirected to egret) and keeps them: silent, or (stall) with an upload's
+// head and its first KiB sent. After req.Hold it reports which are still
+// open without an answer, which were reset, and the answers.
+func holdConns(mode string, req request) heldReport {
+	var rep heldReport
+	target := strings.TrimPrefix(req.URL, "http://")
+	host, _, _ := strings.Cut(target, "/")
+	var conns []net.Conn
+	for range req.Count {
+		c, err := net.DialTimeout("tcp", host, 2*time.Second)
+		if err != nil {
+			rep.DialErrs++
+			if len(rep.FirstErrs) < 3 {
+				rep.FirstErrs = append(rep.FirstErrs, err.Error())
+			}
+			continue
+		}
+		rep.Dialed++
+		if mode == "stall" {
+			fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", host, req.Size, strings.Repeat("u", 1024))
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(req.Hold)
+	type state struct {
+		answer string
+		reset  bool
+	}
+	states := make(chan state, len(conns))
+	for _, c := range conns {
+		go func() {
+			c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			var ne net.Error
+			switch {
+			case err == nil:
+				states <- state{answer: fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Egret-Outcome"))}
+			case errors.As(err, &ne) && ne.Timeout():
+				states <- state{}
+			default:
+				states <- state{reset: true}
+			}
+		}()
+	}
+	for range conns {
+		st := <-states
+		switch {
+		case st.answer != "":
+			if rep.Answers == nil {
+				rep.Answers = map[string]int{}
+			}
+			rep.Answers[st.answer]++
+		case st.reset:
+			rep.Reset++
+		default:
+			rep.Held++
+		}
+	}
+	return rep
 }
 
 func do(c *http.Client, req request) response {

@@ -46,12 +46,22 @@ const (
 	// AnnotationLearnTTL is how long a learned destination stays direct
 	// (a Go duration, e.g. "10m").
 	AnnotationLearnTTL = AnnotationPrefix + "learn-ttl"
+	// AnnotationMaxConnections is the pod's limit of client connections
+	// egret holds for it at once: "200" (default: the agent's).
+	AnnotationMaxConnections = AnnotationPrefix + "max-connections"
+	// AnnotationMaxInFlight is the pod's limit of requests egret serves
+	// for it at once: "50".
+	AnnotationMaxInFlight = AnnotationPrefix + "max-in-flight"
+	// AnnotationMaxSpoolBytes is the pod's limit of request-body bytes
+	// egret holds for replays at once: "32MiB".
+	AnnotationMaxSpoolBytes = AnnotationPrefix + "max-spool-bytes"
 )
 
 var known = []string{
 	AnnotationEnabled, AnnotationExcludePorts, AnnotationExcludeCIDRs, AnnotationDefaultExcludedPorts,
 	AnnotationRedirectLoopback, AnnotationListenPort, AnnotationPolicy,
 	AnnotationLearnDirect, AnnotationLearnTTL,
+	AnnotationMaxConnections, AnnotationMaxInFlight, AnnotationMaxSpoolBytes,
 }
 
 // AnnotationError is a pod annotation egret cannot use. The pod is left
@@ -164,6 +174,24 @@ func Parse(pod *corev1.Pod) (pods.Pod, error) {
 				continue
 			}
 			p.Policy = []byte(v)
+		case AnnotationMaxConnections, AnnotationMaxInFlight:
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 31)
+			if err != nil || n == 0 {
+				bad(k, "not a number in 1..%d", 1<<31-1)
+				continue
+			}
+			if k == AnnotationMaxConnections {
+				p.Limits.Conns = int(n)
+			} else {
+				p.Limits.InFlight = int(n)
+			}
+		case AnnotationMaxSpoolBytes:
+			n, err := policy.ParseSize(v)
+			if err != nil || n == 0 {
+				bad(k, "not a size such as \"32MiB\" (1B..1GiB)")
+				continue
+			}
+			p.Limits.SpoolBytes = n
 		default:
 			bad(k, "unknown egret annotation (known: %s)", strings.Join(known, ", "))
 		}

@@ -29,6 +29,9 @@ func TestParseGoodAnnotations(t *testing.T) {
 		AnnotationPolicy:               "defaults:\n  max_attempts: 2\n",
 		AnnotationLearnDirect:          "false",
 		AnnotationLearnTTL:             "90s",
+		AnnotationMaxConnections:       "200",
+		AnnotationMaxInFlight:          " 50",
+		AnnotationMaxSpoolBytes:        "32MiB",
 		"example.com/other":            "not ours",
 	}))
 	if err != nil {
@@ -45,6 +48,7 @@ func TestParseGoodAnnotations(t *testing.T) {
 		RedirectLoopback: true,
 		Policy:           []byte("defaults:\n  max_attempts: 2\n"),
 		Learn:            pods.Learning{Off: true, TTL: 90 * time.Second},
+		Limits:           pods.Limits{Conns: 200, InFlight: 50, SpoolBytes: 32 << 20},
 	}
 	if !p.Equal(want) {
 		t.Fatalf("got %+v\nwant %+v", p, want)
@@ -95,6 +99,11 @@ func TestParseBadAnnotations(t *testing.T) {
 		{AnnotationLearnTTL, "10", "not a positive duration"},
 		{AnnotationLearnTTL, "-1m", "not a positive duration"},
 		{"egret.dev/exclude-port", "5432", "unknown egret annotation"},
+		{AnnotationMaxConnections, "0", "not a number in 1.."},
+		{AnnotationMaxConnections, "-5", "not a number in 1.."},
+		{AnnotationMaxInFlight, "lots", "not a number in 1.."},
+		{AnnotationMaxSpoolBytes, "2GiB", `not a size such as "32MiB"`},
+		{AnnotationMaxSpoolBytes, "0", `not a size`},
 	}
 	for _, c := range cases {
 		a := map[string]string{AnnotationEnabled: "true", c.key: c.value}
