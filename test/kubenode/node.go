@@ -312,6 +312,14 @@ func (n *Node) Kubectl(t testing.TB, args ...string) string {
 	return out
 }
 
+// KubectlCommand returns kubectl with args as a command to start (for
+// kubectl logs -f, kubectl port-forward): in the node's network
+// namespace, as its admin.
+func (n *Node) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd {
+	all := append([]string{"--target", strconv.Itoa(n.holder.Pid()), "--net", "--", "kubectl", "--kubeconfig", n.Kubeconfig}, args...)
+	return exec.CommandContext(ctx, "nsenter", all...)
+}
+
 // KubectlErr is Kubectl that returns the error (with kubectl's standard
 // error) instead.
 func (n *Node) KubectlErr(args ...string) (string, error) {

@@ -562,21 +562,26 @@ func (c *cluster) testUninstall(t *testing.T) {
 		cgroups = append(cgroups, cg)
 		progs = append(progs, ids...)
 	}
+	// The agent's log to its end, as a person would watch it (the kubelet
+	// removes a pod's log files with the pod).
+	follow := c.n.KubectlCommand(c.ctx(), "logs", "-f", "-n", egretNS, ap.Name, "-c", "agent")
+	var logBuf strings.Builder
+	follow.Stdout = &logBuf
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	c.n.Kubectl(t, "delete", "-k", filepath.Join(repoRoot(), "deploy", "kubernetes"), "--wait=true")
-	// The kubelet removes a pod's logs with the pod: they are read through
-	// descriptors opened before.
-	logs := c.n.OpenContainerLog(egretNS, ap.Name, "agent")
-	if len(logs) == 0 {
-		dirs, _ := filepath.Glob(filepath.Join(c.n.Dir, "pod-logs", egretNS+"_"+ap.Name+"_*", "*", "*"))
-		t.Fatalf("no log file of the agent pod %s (%v; pod %+v)", ap.Name, dirs, ap.Status.ContainerStatuses)
-	}
 	waitFor(t, 2*time.Minute, "the agent pod gone", func() bool { return c.agentPod(t) == nil })
-	var agentLog string
-	for _, f := range logs {
-		agentLog += kubenode.ReadCRILog(f)
-		f.Close()
+	followed := make(chan error, 1)
+	go func() { followed <- follow.Wait() }()
+	select {
+	case <-followed:
+	case <-time.After(30 * time.Second):
+		follow.Process.Kill()
+		<-followed
 	}
+	agentLog := logBuf.String()
 	t.Logf("kubectl delete -k: agent gone in %v", time.Since(start).Round(time.Millisecond))
 	var left []string
 	if fileExists(pin) {
@@ -611,7 +616,22 @@ func (c *cluster) testUninstall(t *testing.T) {
 		t.Logf("agent: %v", l["why"])
 	}
 	if !uninstalled {
-		t.Errorf("the agent's log (%d files, %d bytes) does not say it took the stop for an uninstall:\n%s", len(logs), len(agentLog), tailLines(agentLog, 20))
+		t.Errorf("the agent's log (%d bytes) does not say it took the stop for an uninstall:\n%s", len(agentLog), tailLines(agentLog, 20))
+	}
+	out, err := c.n.KubectlErr("exec", "-n", c.ns, "client", "-c", "c", "--", "/testbin", "get", c.ledURL+"/hello", "Ledger-Id: after-"+kubenode.RandName(""))
+	if err != nil {
+		// Debug: every pod namespace's sockets.
+		nss, _ := os.ReadDir(filepath.Join(c.n.Root(), "run", "netns"))
+		for _, ns := range nss {
+			b, _ := c.n.Command(c.ctx(), "ip", "netns", "exec", ns.Name(), "ss", "-tanp").CombinedOutput()
+			t.Logf("netns %s:\n%s", ns.Name(), b)
+		}
+		hc := c.n.HTTPClient(3 * time.Second)
+		resp, herr := hc.Get(c.ledURL + "/hello")
+		if resp != nil {
+			resp.Body.Close()
+		}
+		t.Fatalf("after the uninstall: %v\n%s\n(the ledger from the node: %v)", err, out, herr)
 	}
 	c.expectDirect(t, "client")
 }

@@ -28,8 +28,7 @@ import (
 // its metadata and its namespace's from then on: by the time the agent
 // gets SIGTERM during an uninstall the API may already refuse it (its
 // RBAC is deleted with the rest), but the watches opened before still
-// deliver. Removed asks again at stop time and falls back on what the
-// watches saw.
+// deliver. Removed goes by what the watches saw, then asks the API.
 //
 // It needs get, list and watch on its own DaemonSet and namespace (see
 // deploy/kubernetes/rbac.yaml: by name, nothing else).
@@ -118,8 +117,21 @@ func metaInformer(ctx context.Context, r metadata.ResourceInterface, name string
 // Removed reports whether egret is being uninstalled, and why: its
 // namespace or DaemonSet is being deleted or is gone, or the API now
 // refuses the agent what its install granted it (its RBAC was deleted).
-// It asks the API first (5 s at most) and falls back on the watches.
+// The watches are read first, then the API is asked (5 s at most): a
+// deletion the watch has not delivered yet is seen there.
 func (i *Install) Removed(ctx context.Context) (bool, string) {
+	// What the watches saw first: kubectl delete -k deletes the namespace
+	// first, and the RBAC soon after, before this agent gets its SIGTERM.
+	for _, o := range i.ns.GetStore().List() {
+		if o.(*metav1.PartialObjectMetadata).DeletionTimestamp != nil {
+			return true, "namespace " + i.Namespace + " is being deleted (watched)"
+		}
+	}
+	if objs := i.ds.GetStore().List(); len(objs) == 0 {
+		return true, "DaemonSet " + i.Namespace + "/" + i.DaemonSet + " is gone (watched)"
+	} else if objs[0].(*metav1.PartialObjectMetadata).DeletionTimestamp != nil {
+		return true, "DaemonSet " + i.Namespace + "/" + i.DaemonSet + " is being deleted (watched)"
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ns, nsErr := i.meta.Resource(namespaces).Get(ctx, i.Namespace, metav1.GetOptions{})
@@ -137,19 +149,6 @@ func (i *Install) Removed(ctx context.Context) (bool, string) {
 		return true, "the API refuses the agent its DaemonSet now (its RBAC or service account was deleted)"
 	case nsErr == nil && dsErr == nil:
 		return false, "DaemonSet " + i.Namespace + "/" + i.DaemonSet + " is in place"
-	}
-	// The API did not answer: what the watches saw last.
-	for _, o := range i.ns.GetStore().List() {
-		if o.(*metav1.PartialObjectMetadata).DeletionTimestamp != nil {
-			return true, "namespace " + i.Namespace + " is being deleted (watched)"
-		}
-	}
-	objs := i.ds.GetStore().List()
-	if len(objs) == 0 {
-		return true, "DaemonSet " + i.Namespace + "/" + i.DaemonSet + " is gone (watched)"
-	}
-	if objs[0].(*metav1.PartialObjectMetadata).DeletionTimestamp != nil {
-		return true, "DaemonSet " + i.Namespace + "/" + i.DaemonSet + " is being deleted (watched)"
 	}
 	return false, fmt.Sprintf("the API did not answer (%v, %v); the DaemonSet was in place when last watched", dsErr, nsErr)
 }
