@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,15 +10,18 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/test/helm"
+	"github.com/egret-proxy/egret/test/kubeapi"
 )
 
 const chartDir = "helm/egret"
@@ -254,6 +258,20 @@ func TestChartValues(t *testing.T) {
 
 	// The monitoring objects: the same as the kustomize components'.
 	checkMonitoring(t, rs, ds, "net-agents")
+
+	// A real API server takes them all as rendered (strict server-side
+	// field validation), the DaemonSet included.
+	cluster := kubeapi.Start(t)
+	apiCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := cluster.Client.CoreV1().Namespaces().Create(apiCtx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "net-agents"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if _, err := create(apiCtx, cluster.Client, o.obj.DeepCopyObject()); err != nil {
+			t.Errorf("%s: %v", o.file, err)
+		}
+	}
 }
 
 // The schema refuses what would otherwise render something else than
