@@ -77,8 +77,9 @@ func CacheDir() (string, error) {
 func modVersion(mod []byte, module string) string {
 	for _, line := range strings.Split(string(mod), "\n") {
 		f := strings.Fields(line)
-		if f0 := strings.TrimPrefix(strings.Join(f, " "), "require "); len(f) >= 2 && strings.HasPrefix(f0, module+" ") {
-			return strings.Fields(f0)[1]
+		f0 := strings.Fields(strings.TrimPrefix(strings.Join(f, " "), "require "))
+		if len(f0) >= 2 && f0[0] == module && strings.HasPrefix(f0[1], "v") {
+			return f0[1]
 		}
 	}
 	return ""
