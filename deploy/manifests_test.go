@@ -617,6 +617,11 @@ func TestDaemonSetPodSpec(t *testing.T) {
 	if !everywhere {
 		t.Errorf("tolerations %v do not tolerate every taint", spec.Tolerations)
 	}
+	// eBPF and cgroup v2: Linux nodes only (a Windows node of a mixed
+	// cluster would only crash-loop it), and nothing more selective.
+	if !reflect.DeepEqual(spec.NodeSelector, map[string]string{corev1.LabelOSStable: "linux"}) {
+		t.Errorf("nodeSelector %v, want %s: linux alone", spec.NodeSelector, corev1.LabelOSStable)
+	}
 
 	// Shutdown: up to --grace for queued connects, then up to --grace for
 	// in-flight requests; the kubelet's SIGKILL must come after both.
@@ -658,10 +663,20 @@ func TestDaemonSetPodSpec(t *testing.T) {
 	for name, pp := range map[string]struct {
 		p    *corev1.Probe
 		path string
-	}{"readiness": {c.ReadinessProbe, egretcli.ReadyPath}, "liveness": {c.LivenessProbe, egretcli.HealthPath}} {
+	}{"readiness": {c.ReadinessProbe, egretcli.ReadyPath}, "liveness": {c.LivenessProbe, egretcli.HealthPath}, "startup": {c.StartupProbe, egretcli.HealthPath}} {
 		if p := pp.p; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != pp.path || p.HTTPGet.Port != intstr.FromString("metrics") {
 			t.Errorf("%s probe %+v, want GET %s on port metrics", name, pp.p, pp.path)
 		}
+	}
+	// The port serves only once the agent has loaded its programs and its
+	// install watch has synced (kube.WatchInstall waits up to 30 s): the
+	// startup probe gives it a minute and more before the kubelet restarts
+	// it, and stands in for a liveness delay.
+	if p := c.StartupProbe; p != nil && time.Duration(p.PeriodSeconds*p.FailureThreshold)*time.Second < time.Minute {
+		t.Errorf("startup probe allows %ds × %d: under a minute", p.PeriodSeconds, p.FailureThreshold)
+	}
+	if p := c.LivenessProbe; p != nil && p.InitialDelaySeconds != 0 {
+		t.Errorf("liveness initialDelaySeconds %d: the startup probe holds liveness back", p.InitialDelaySeconds)
 	}
 	if ann := ds.Spec.Template.Annotations; ann["prometheus.io/port"] != fmt.Sprint(metricsPort) || ann["prometheus.io/path"] != "/metrics" {
 		t.Errorf("prometheus.io annotations %v do not match the metrics port %d", ann, metricsPort)

@@ -10,6 +10,10 @@
 // (ghcr.io/egret-proxy/egret:0.1.0; -name for another), so a node that
 // imported it needs no pull (imagePullPolicy IfNotPresent). With a
 // registry, deploy/Containerfile builds the same binary on distroless.
+//
+// The version (-version, by default the tag of -name) is stamped into the
+// binary, which `/egret --version` prints, and labels the image
+// (org.opencontainers.image.version).
 package main
 
 import (
@@ -38,16 +42,22 @@ func main() {
 }
 
 func build(out, name, version string) error {
+	if version == "" {
+		var err error
+		if version, err = tagOf(name); err != nil {
+			return err
+		}
+	}
 	tmp, err := os.MkdirTemp("", "egret-image-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
 	bin := filepath.Join(tmp, "egret")
-	if err := buildBinary(bin, name, version); err != nil {
+	if err := buildBinary(bin, version); err != nil {
 		return err
 	}
-	digest, err := writeImage(out, name, bin)
+	digest, err := writeImage(out, name, version, bin)
 	if err != nil {
 		return err
 	}
