@@ -51,6 +51,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
@@ -206,7 +207,7 @@ func leftovers() error {
 		}
 	}
 	for _, d := range cgroupDirs() {
-		errs = append(errs, removeCgroupTree(d, true))
+		errs = append(errs, bpftest.RemoveCgroupTree(d))
 	}
 	old, _ := filepath.Glob(filepath.Join(os.TempDir(), "egret-node-*"))
 	for _, d := range old {
@@ -666,7 +667,7 @@ func (n *Node) stop(t testing.TB) {
 	// What is left: containers (in kubepods) and shims (in the node's
 	// mount namespace, outside the kubepods cgroups).
 	for _, d := range cgroupDirs() {
-		if err := removeCgroupTree(d, true); err != nil {
+		if err := bpftest.RemoveCgroupTree(d); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -680,7 +681,7 @@ func (n *Node) stop(t testing.TB) {
 		errs = append(errs, err)
 	}
 	for _, d := range cgroupDirs() {
-		if err := removeCgroupTree(d, true); err != nil {
+		if err := bpftest.RemoveCgroupTree(d); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -735,52 +736,6 @@ func killNamespace(holder int) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return errors.New("processes of the node's mount namespace survive SIGKILL")
-}
-
-// removeCgroupTree removes a cgroup and its descendants, deepest first.
-// With kill it kills what runs in them first; without, a cgroup with
-// processes is an error.
-func removeCgroupTree(top string, kill bool) error {
-	var dirs []string
-	err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		d := dirs[i]
-		for try := 0; ; try++ {
-			procs, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-			pids := strings.Fields(string(procs))
-			if len(pids) > 0 && !kill {
-				return fmt.Errorf("%s has processes %v", d, pids)
-			}
-			for _, p := range pids {
-				if pid, err := strconv.Atoi(p); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-			err := os.Remove(d)
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if try == 100 {
-				return fmt.Errorf("remove cgroup %s: %w", d, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return nil
 }
 
 // UnifiedCgroupRoot is where the node's cgroup v2 tree is (the host's: the

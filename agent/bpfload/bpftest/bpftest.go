@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,8 +85,9 @@ func (c *Cgroups) Sub(t testing.TB, name string) string {
 }
 
 // RemoveCgroupTree removes a cgroup and its descendants (deepest first),
-// killing what still runs in each (cgroup.kill, Linux 5.14) and retrying
-// while exiting processes still hold them.
+// killing what still runs in each (cgroup.kill, Linux 5.14; in a cgroup
+// v1 hierarchy, which has none, each process cgroup.procs lists) and
+// retrying while exiting processes still hold them.
 func RemoveCgroupTree(top string) error {
 	var dirs []string
 	err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
@@ -104,7 +106,14 @@ func RemoveCgroupTree(top string) error {
 		return err
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
-		_ = os.WriteFile(filepath.Join(dirs[i], "cgroup.kill"), []byte("1"), 0)
+		if err := os.WriteFile(filepath.Join(dirs[i], "cgroup.kill"), []byte("1"), 0); errors.Is(err, os.ErrNotExist) {
+			procs, _ := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs"))
+			for _, p := range strings.Fields(string(procs)) {
+				if pid, err := strconv.Atoi(p); err == nil {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
 		var rerr error
 		for try := 0; try < 200; try++ {
 			rerr = os.Remove(dirs[i])
