@@ -34,7 +34,10 @@ func TestLearnedDirectGoesDirect(t *testing.T) {
 	expectAt(t, egret, up)
 	c.Close()
 
-	if err := e.l.LearnDirect(p.id, dst, bpfload.DirectTLS, time.Minute); err != nil {
+	// An hour: the 100 connects below start a process each, which on a
+	// loaded machine took over a minute, and an expired entry is
+	// redirected again.
+	if err := e.l.LearnDirect(p.id, dst, bpfload.DirectTLS, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	got, err := e.l.LearnedDirect(p.id)
