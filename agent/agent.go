@@ -609,10 +609,12 @@ type UpstreamStatus struct {
 	Tokens   float64 `json:"tokens"`
 }
 
-// Upstreams returns the node-wide budgets of the upstreams seen so far.
+// Upstreams returns the node-wide budgets of the upstreams in use: those
+// idle past their budget's TTL are forgotten.
 func (a *Agent) Upstreams() []UpstreamStatus {
 	var out []UpstreamStatus
 	now := time.Now()
+	a.budgets.Sweep(now)
 	a.budgets.Each(func(u string, b *engine.Budget) {
 		out = append(out, UpstreamStatus{Upstream: u, Tokens: b.Tokens(now)})
 	})

@@ -170,6 +170,7 @@ func (c budgetCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	now := time.Now()
+	b.Sweep(now) // an upstream idle past its TTL has no series
 	b.Each(func(upstream string, bud *engine.Budget) {
 		ch <- prometheus.MustNewConstMetric(c.m.budgetDesc, prometheus.GaugeValue, bud.Tokens(now), upstream)
 	})
