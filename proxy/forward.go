@@ -450,6 +450,7 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 	}
 	n := attemptsOf(tr, err)
 	c.s.cfg.Metrics.request(outcome.String())
+	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Upstream.Name, x.Upstream.Named(), outcome.String(), n, tr)
 	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
 		msg: err.Error(), close: !keep})
 	c.logOutcome(req, x, n, outcome.String(), status, start, err)
@@ -482,6 +483,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
 		resp.StatusCode == http.StatusNotModified || resp.StatusCode < 200
 	c.s.cfg.Metrics.request(outcome)
+	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Upstream.Name, x.Upstream.Named(), outcome, n, tr)
 	status := resp.StatusCode
 	text := http.StatusText(status)
 	if _, t, ok := strings.Cut(resp.Status, " "); ok && t != "" {

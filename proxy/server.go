@@ -125,6 +125,9 @@ type Config struct {
 	Metrics      *Metrics
 	RetryMetrics *retry.Metrics
 	Logger       *slog.Logger
+	// Source is who sends this server's requests (the agent's pod), for
+	// the per-workload series of Metrics.
+	Source Source
 
 	// SniffTimeout is how long a transparent connection may stay silent
 	// before it is taken for a server-speaks-first protocol.
