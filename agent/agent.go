@@ -403,7 +403,8 @@ func (a *Agent) remove(name string) {
 	ps := a.pods[name]
 	a.mu.Unlock()
 	if ps != nil {
-		a.stopPod(ps, true)
+		// Once its last request is answered, the pod's series go.
+		a.stopPodThen(ps, true, func() { a.pmetrics.Forget(sourceOf(ps.pod)) })
 		a.log.Info("pod removed", "pod", name)
 	}
 	a.mu.Lock()
@@ -416,7 +417,11 @@ func (a *Agent) remove(name string) {
 // stopPod detaches the pod and closes its listeners now; its in-flight
 // requests drain in the background (stopAll waits for them), so a slow
 // pod never holds up the events of the others.
-func (a *Agent) stopPod(ps *podState, detach bool) {
+func (a *Agent) stopPod(ps *podState, detach bool) { a.stopPodThen(ps, detach, nil) }
+
+// stopPodThen is stopPod, and calls then (if not nil) once the pod has
+// drained.
+func (a *Agent) stopPodThen(ps *podState, detach bool, then func()) {
 	drain, err := ps.stop(a, detach)
 	if err != nil {
 		a.m.failures.WithLabelValues("stop").Inc()
@@ -427,6 +432,9 @@ func (a *Agent) stopPod(ps *podState, detach bool) {
 		defer a.drains.Done()
 		if err := drain(); err != nil {
 			a.log.Warn("pod drained with requests cut short", "pod", ps.pod.Name, "err", err)
+		}
+		if then != nil {
+			then()
 		}
 	}()
 }

@@ -142,6 +142,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		}()
 	}
 	pc.Metrics = a.pmetrics
+	pc.Source = sourceOf(p)
 	pc.Logger = a.log.With("pod", p.Name)
 	ps.learner = &podLearner{att: a.cfg.Attacher}
 	ps.learner.ttl.Store(int64(p.Learn.TTL))
@@ -172,6 +173,11 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	}
 	ps.learner.id.Store(ps.cgid)
 	return ps, nil
+}
+
+// sourceOf is the pod as its metrics name it.
+func sourceOf(p pods.Pod) proxy.Source {
+	return proxy.Source{Namespace: p.Namespace(), Pod: p.ShortName(), Workload: p.Workload}
 }
 
 func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
