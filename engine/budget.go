@@ -71,7 +71,7 @@ type Budget struct {
 	// used is the last time (unix nanoseconds) Budgets.Get handed the
 	// budget out.
 	used  atomic.Int64
-	slots      [budgetSlots + 1]budgetSlot
+	slots [budgetSlots + 1]budgetSlot
 }
 
 // NewBudget returns an empty budget. A TTL <= 0 takes the default; negative

@@ -70,8 +70,8 @@ upstreams:
 			t.Fatalf("%s %s %s (%s): status %d attempts %d, want %d %d", id, method, u, fault, r.Status, attempts(r), wantStatus, wantAttempts)
 		}
 	}
-	do(web, "w1", "503; times=1", "GET", url(payments, "/"), 200, 2)      // retried: a success
-	do(worker, "k1", "503; times=1", "GET", url(payments, "/"), 503, 1)   // the node's token is spent
+	do(web, "w1", "503; times=1", "GET", url(payments, "/"), 200, 2)       // retried: a success
+	do(worker, "k1", "503; times=1", "GET", url(payments, "/"), 503, 1)    // the node's token is spent
 	do(web, "w2", "reset-after-read", "POST", url(orders, "/pay"), 502, 1) // ambiguous
 	do(worker, "k2", "", "GET", url(orders, "/"), 200, 1)
 	do(worker, "k3", "", "GET", url(stock, "/"), 200, 1)
