@@ -502,6 +502,9 @@ func (w *workloads) Collect(ch chan<- prometheus.Metric) {
 		c(w.successes, s.successes.Load(), k)
 		for r := range numReasons {
 			reason := engine.Reason(r).String()
+			if reason == "" {
+				reason = reasonNone
+			}
 			if v := s.retries[r].Load(); v > 0 {
 				c(w.retries, v, k, reason)
 			}

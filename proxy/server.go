@@ -128,6 +128,8 @@ type Config struct {
 	// Source is who sends this server's requests (the agent's pod), for
 	// the per-workload series of Metrics.
 	Source Source
+	// AccessLog says which requests are logged (default: all).
+	AccessLog AccessLog
 
 	// SniffTimeout is how long a transparent connection may stay silent
 	// before it is taken for a server-speaks-first protocol.
