@@ -619,12 +619,15 @@ type UpstreamStatus struct {
 
 // Upstreams returns the node-wide budgets of the upstreams in use: those
 // idle past their budget's TTL are forgotten.
-func (a *Agent) Upstreams() []UpstreamStatus {
-	var out []UpstreamStatus
+func (a *Agent) Upstreams() []UpstreamStatus { return upstreamsOf(a.budgets) }
+
+// upstreamsOf lists the budgets of b in use now, by upstream.
+func upstreamsOf(b *engine.Budgets) []UpstreamStatus {
+	out := []UpstreamStatus{}
 	now := time.Now()
-	a.budgets.Sweep(now)
-	a.budgets.Each(func(u string, b *engine.Budget) {
-		out = append(out, UpstreamStatus{Upstream: u, Tokens: b.Tokens(now)})
+	b.Sweep(now)
+	b.Each(func(u string, bud *engine.Budget) {
+		out = append(out, UpstreamStatus{Upstream: u, Tokens: bud.Tokens(now)})
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Upstream < out[j].Upstream })
 	return out
