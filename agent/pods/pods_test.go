@@ -64,7 +64,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		name, doc, want string
 	}{
 		{"unknown key", "pods:\n  - name: a\n    cgroup: a\n    colour: red\n",
-			`pods.yaml:4: unknown field "colour" (want one of cgroup, exclude, listen_port, name, netns, policy, redirect_loopback)`},
+			`pods.yaml:4: unknown field "colour" (want one of cgroup, exclude, learn, listen_port, name, netns, policy, redirect_loopback, workload)`},
 		{"unknown exclude key", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      port: [1]\n",
 			`pods.yaml:5: unknown field "port" (want one of cidrs, default_ports, ports)`},
 		{"unknown top key", "pod:\n  - name: a\n", `pods.yaml:1: unknown field "pod" (want one of pods)`},
