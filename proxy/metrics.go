@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,7 +77,7 @@ func NewMetricsWith(reg prometheus.Registerer, o WorkloadOptions) (*Metrics, err
 			Buckets: durationBuckets,
 		}, []string{"outcome"}),
 		budgetDesc: prometheus.NewDesc("egret_proxy_retry_budget_tokens",
-			"Retries the node-wide budget of each upstream allows now (spec section 5); a retry needs at least 1.",
+			"Retries the node-wide budget of each upstream in use allows now (spec section 5); a retry needs at least 1. Upstreams without a label of their own in the per-workload series (past the cap) are one series, upstream=\"other\", the least of their budgets; an upstream idle past its budget's TTL has none.",
 			[]string{"upstream"}, nil),
 		passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egret_proxy_passthrough_connections_total",
@@ -179,11 +180,20 @@ func (c budgetCollector) Collect(ch chan<- prometheus.Metric) {
 	if b == nil {
 		return
 	}
-	now := time.Now()
+	now := c.m.work.now()
 	b.Sweep(now) // an upstream idle past its TTL has no series
+	other, others := math.Inf(1), false
 	b.Each(func(upstream string, bud *engine.Budget) {
-		ch <- prometheus.MustNewConstMetric(c.m.budgetDesc, prometheus.GaugeValue, bud.Tokens(now), upstream)
+		tokens := bud.Tokens(now)
+		if !c.m.work.labelled(upstream) {
+			other, others = min(other, tokens), true
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(c.m.budgetDesc, prometheus.GaugeValue, tokens, upstream)
 	})
+	if others {
+		ch <- prometheus.MustNewConstMetric(c.m.budgetDesc, prometheus.GaugeValue, other, OtherUpstream)
+	}
 }
 
 func (m *Metrics) passedThrough(p Protocol) {
@@ -304,7 +314,9 @@ type workloads struct {
 	m  map[seriesKey]*workloadSeries
 	// unnamed are the upstreams not named by the policy that have a label
 	// of their own: the time of their last request (unix nanoseconds).
-	unnamed   map[string]*atomic.Int64
+	unnamed map[string]*atomic.Int64
+	// named are the upstreams the policy names that were seen, likewise.
+	named     map[string]*atomic.Int64
 	nextSweep atomic.Int64
 
 	requests, attempts, retries, denied, successes *prometheus.Desc
@@ -324,7 +336,7 @@ func newWorkloads(o WorkloadOptions) *workloads {
 	with := func(l ...string) []string { return append(append([]string(nil), src...), l...) }
 	return &workloads{
 		cap: o.UpstreamCap, ttl: o.TTL, now: o.Now,
-		m: make(map[seriesKey]*workloadSeries), unnamed: make(map[string]*atomic.Int64),
+		m: make(map[seriesKey]*workloadSeries), unnamed: make(map[string]*atomic.Int64), named: make(map[string]*atomic.Int64),
 		requests: prometheus.NewDesc("egret_proxy_workload_requests_total",
 			"Requests answered after reaching the attempt runner, by source pod (namespace, pod, owning workload), upstream (the policy's name; others up to a cap, then \"other\") and outcome: relayed, not-sent, failed, ambiguous.",
 			with("outcome"), nil),
@@ -347,6 +359,12 @@ func newWorkloads(o WorkloadOptions) *workloads {
 // policy) at now, taking a place under the cap if one is free. Under mu.
 func (w *workloads) upstreamLabelLocked(name string, named bool, now int64) string {
 	if named {
+		t := w.named[name]
+		if t == nil {
+			t = new(atomic.Int64)
+			w.named[name] = t
+		}
+		t.Store(now)
 		return name
 	}
 	if t, ok := w.unnamed[name]; ok {
@@ -367,13 +385,15 @@ func (w *workloads) upstreamLabelLocked(name string, named bool, now int64) stri
 func (w *workloads) lookup(src Source, upstream string, named bool, now int64) *workloadSeries {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	if !named {
-		t, ok := w.unnamed[upstream]
-		if !ok {
-			return nil
-		}
-		t.Store(now)
+	held := w.unnamed
+	if named {
+		held = w.named
 	}
+	t, ok := held[upstream]
+	if !ok {
+		return nil
+	}
+	t.Store(now)
 	s := w.m[seriesKey{src.Namespace, src.Pod, src.Workload, upstream}]
 	if s != nil {
 		s.last.Store(now)
@@ -462,11 +482,20 @@ func (w *workloads) sweepLocked(now int64) {
 			delete(w.m, k)
 		}
 	}
-	for u, t := range w.unnamed {
-		if t.Load() <= cut {
-			delete(w.unnamed, u)
+	for _, held := range []map[string]*atomic.Int64{w.unnamed, w.named} {
+		for u, t := range held {
+			if t.Load() <= cut {
+				delete(held, u)
+			}
 		}
 	}
+}
+
+// labelled reports whether upstream has a label value of its own now.
+func (w *workloads) labelled(upstream string) bool {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.named[upstream] != nil || w.unnamed[upstream] != nil
 }
 
 func (w *workloads) Describe(ch chan<- *prometheus.Desc) {

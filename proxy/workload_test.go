@@ -177,3 +177,60 @@ upstreams:
 			workloadSeriesOf(t, reg, "egret_proxy_workload_requests_total"))
 	}
 }
+
+// The budget gauge keeps to the upstreams with a label of their own (the
+// rest are one series, other, their least budget) and forgets an upstream
+// idle past its budget's TTL.
+func TestBudgetSeriesBoundedAndForgotten(t *testing.T) {
+	ok := func(w http.ResponseWriter, r *http.Request) {}
+	ups := []*upstream{startUpstream(t, ok), startUpstream(t, ok), startUpstream(t, ok), startUpstream(t, ok)}
+	_, lport, _ := strings.Cut(ups[0].addr, ":")
+	pol := mustPolicy(t, fmt.Sprintf(`
+defaults:
+  budget: {ratio: 0.5, min_per_second: 1, ttl: 10s}
+upstreams:
+  - host: 127.0.0.1
+    port: %s
+    name: ledger
+`, lport))
+	clock := &fakeClock{now: time.Now()}
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewMetricsWith(reg, WorkloadOptions{UpstreamCap: 1, TTL: time.Minute, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Mode: Explicit, Policy: pol, Metrics: m})
+	for _, u := range ups {
+		resp, err := p.client().Get(u.url("/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	gauges := func() map[string]float64 {
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, f := range fams {
+			if f.GetName() == "egret_proxy_retry_budget_tokens" {
+				for _, s := range f.GetMetric() {
+					out[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
+				}
+			}
+		}
+		return out
+	}
+	got := gauges()
+	if len(got) != 3 || got["ledger"] == 0 || got[ups[1].addr] == 0 || got[OtherUpstream] == 0 {
+		t.Fatalf("budget series %v, want ledger, %s and other", got, ups[1].addr)
+	}
+	if p.cfg.Budgets.Len() != 4 {
+		t.Fatalf("the registry holds %d budgets, want 4", p.cfg.Budgets.Len())
+	}
+	clock.Add(11 * time.Second) // past the budgets' TTL, not the series'
+	if got := gauges(); len(got) != 0 || p.cfg.Budgets.Len() != 0 {
+		t.Fatalf("after the budgets' TTL: series %v, %d budgets held; want none", got, p.cfg.Budgets.Len())
+	}
+}
