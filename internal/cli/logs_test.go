@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	ucli "github.com/urfave/cli/v2"
 )
 
 // TestProxyJSONLogsAccessErrorsAndAdmin runs the real binary with JSON
@@ -146,5 +148,30 @@ func TestProxyJSONLogsAccessErrorsAndAdmin(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("admin socket left behind: %v", err)
+	}
+}
+
+// The access log's defaults: errors for the node agent, all for the
+// commands a person watches.
+func TestAccessLogDefaults(t *testing.T) {
+	want := map[string]string{"agent": "errors", "proxy": "all", "run": "all"}
+	for _, c := range App().Commands {
+		w, ok := want[c.Name]
+		if !ok {
+			continue
+		}
+		delete(want, c.Name)
+		got := ""
+		for _, f := range c.Flags {
+			if sf, ok := f.(*ucli.StringFlag); ok && sf.Name == "access-log" {
+				got = sf.Value
+			}
+		}
+		if got != w {
+			t.Errorf("egret %s --access-log defaults to %q, want %q", c.Name, got, w)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("commands not found: %v", want)
 	}
 }
