@@ -234,3 +234,21 @@ upstreams:
 		t.Fatalf("after the budgets' TTL: series %v, %d budgets held; want none", got, p.cfg.Budgets.Len())
 	}
 }
+
+// BenchmarkWorkloadRecord: the per-workload count of one request, from
+// every core at once, in the steady state (the series exist).
+func BenchmarkWorkloadRecord(b *testing.B) {
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := Source{Namespace: "shop", Pod: "web-7d9f-abcde", Workload: "deployment/web"}
+	tr := &retryTrace{Attempts: make([]retryAttempt, 2)}
+	tr.Attempts[0].Status, tr.Attempts[1].Status = 503, 200
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Workload(src, "api.example.com:443", false, labelRelayed, 2, tr)
+		}
+	})
+}
