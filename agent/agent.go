@@ -501,7 +501,8 @@ func (a *Agent) remove(name string) {
 	ps := a.pods[name]
 	a.mu.Unlock()
 	if ps != nil {
-		a.stopPod(ps, true)
+		// Once its last request is answered, the pod's series go.
+		a.stopPodThen(ps, true, func() { a.pmetrics.Forget(sourceOf(ps.pod)) })
 		a.log.Info("pod removed", "pod", name)
 	}
 	a.mu.Lock()
@@ -514,7 +515,11 @@ func (a *Agent) remove(name string) {
 // stopPod detaches the pod and closes its listeners now; its in-flight
 // requests drain in the background (stopAll waits for them), so a slow
 // pod never holds up the events of the others.
-func (a *Agent) stopPod(ps *podState, detach bool) {
+func (a *Agent) stopPod(ps *podState, detach bool) { a.stopPodThen(ps, detach, nil) }
+
+// stopPodThen is stopPod, and calls then (if not nil) once the pod has
+// drained.
+func (a *Agent) stopPodThen(ps *podState, detach bool, then func()) {
 	drain, err := ps.stop(a, detach)
 	if err != nil {
 		a.m.failures.WithLabelValues("stop").Inc()
@@ -525,6 +530,9 @@ func (a *Agent) stopPod(ps *podState, detach bool) {
 		defer a.drains.Done()
 		if err := drain(); err != nil {
 			a.log.Warn("pod drained with requests cut short", "pod", ps.pod.Name, "err", err)
+		}
+		if then != nil {
+			then()
 		}
 	}()
 }
@@ -710,12 +718,17 @@ type UpstreamStatus struct {
 	Tokens   float64 `json:"tokens"`
 }
 
-// Upstreams returns the node-wide budgets of the upstreams seen so far.
-func (a *Agent) Upstreams() []UpstreamStatus {
-	var out []UpstreamStatus
+// Upstreams returns the node-wide budgets of the upstreams in use: those
+// idle past their budget's TTL are forgotten.
+func (a *Agent) Upstreams() []UpstreamStatus { return upstreamsOf(a.budgets) }
+
+// upstreamsOf lists the budgets of b in use now, by upstream.
+func upstreamsOf(b *engine.Budgets) []UpstreamStatus {
+	out := []UpstreamStatus{}
 	now := time.Now()
-	a.budgets.Each(func(u string, b *engine.Budget) {
-		out = append(out, UpstreamStatus{Upstream: u, Tokens: b.Tokens(now)})
+	b.Sweep(now)
+	b.Each(func(u string, bud *engine.Budget) {
+		out = append(out, UpstreamStatus{Upstream: u, Tokens: bud.Tokens(now)})
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Upstream < out[j].Upstream })
 	return out

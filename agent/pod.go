@@ -150,6 +150,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	pc.Metrics = a.pmetrics
 	ps.quota = proxy.NewQuota(a.podLimits(p), a.cfg.FDs)
 	pc.Quota = ps.quota
+	pc.Source = sourceOf(p)
 	pc.Logger = a.log.With("pod", p.Name)
 	ps.learner = &podLearner{att: a.cfg.Attacher}
 	ps.learner.ttl.Store(int64(p.Learn.TTL))
@@ -200,6 +201,12 @@ func (a *Agent) checkCgroup(p pods.Pod) error {
 		}
 	}
 	return nil
+
+}
+
+// sourceOf is the pod as its metrics name it.
+func sourceOf(p pods.Pod) proxy.Source {
+	return proxy.Source{Namespace: p.Namespace(), Pod: p.ShortName(), Workload: p.Workload}
 }
 
 func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {

@@ -17,6 +17,17 @@ type BudgetConfig struct {
 	TTL time.Duration
 }
 
+// normal is cfg as a budget takes it: a TTL <= 0 is the default, negative
+// ratios and floors are 0.
+func (cfg BudgetConfig) normal() BudgetConfig {
+	cfg.Ratio = max(cfg.Ratio, 0)
+	cfg.MinPerSecond = max(cfg.MinPerSecond, 0)
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultBudget.TTL
+	}
+	return cfg
+}
+
 // DefaultBudget is the spec's default: 0.2 per request, 10 a second, 10 s.
 var DefaultBudget = BudgetConfig{Ratio: 0.2, MinPerSecond: 10, TTL: 10 * time.Second}
 
@@ -57,17 +68,16 @@ type Budget struct {
 	floorUnits int64
 	mu         sync.Mutex // serialises Spend and slot rotation
 	latest     int64      // newest slot number seen, under mu: time never runs back
-	slots      [budgetSlots + 1]budgetSlot
+	// used is the last time (unix nanoseconds) Budgets.Get handed the
+	// budget out.
+	used  atomic.Int64
+	slots [budgetSlots + 1]budgetSlot
 }
 
 // NewBudget returns an empty budget. A TTL <= 0 takes the default; negative
 // ratios and floors count as 0.
 func NewBudget(cfg BudgetConfig) *Budget {
-	cfg.Ratio = max(cfg.Ratio, 0)
-	cfg.MinPerSecond = max(cfg.MinPerSecond, 0)
-	if cfg.TTL <= 0 {
-		cfg.TTL = DefaultBudget.TTL
-	}
+	cfg = cfg.normal()
 	b := &Budget{
 		cfg:        cfg,
 		width:      max(int64(cfg.TTL)/budgetSlots, 1),
@@ -78,6 +88,31 @@ func NewBudget(cfg BudgetConfig) *Budget {
 		b.slots[i].epoch.Store(-1)
 	}
 	return b
+}
+
+// touch records that the budget was handed out at now.
+func (b *Budget) touch(now time.Time) {
+	t := now.UnixNano()
+	if b.used.Load() < t {
+		b.used.Store(t)
+	}
+}
+
+// idle reports whether nothing used the budget for longer than its TTL
+// before now: neither a Get nor a token earned or spent. Its allowance is
+// then the floor, as a fresh budget's.
+func (b *Budget) idle(now time.Time) bool {
+	t := now.UnixNano()
+	if t-b.used.Load() <= int64(b.cfg.TTL) {
+		return false
+	}
+	newest := int64(-1)
+	for i := range b.slots {
+		newest = max(newest, b.slots[i].epoch.Load())
+	}
+	// The newest slot's slice ends at (newest+1)*width: its events are
+	// no older than that.
+	return newest < 0 || t-(newest+1)*b.width > int64(b.cfg.TTL)
 }
 
 // Config returns the budget's configuration.

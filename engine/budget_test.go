@@ -180,16 +180,16 @@ func TestBudgetTimeNeverRunsBack(t *testing.T) {
 
 func TestBudgetsRegistry(t *testing.T) {
 	r := engine.NewBudgets()
-	a := r.Get("a:80", engine.DefaultBudget)
-	if r.Get("a:80", engine.DefaultBudget) != a {
+	a := r.Get("a:80", engine.DefaultBudget, time.Unix(100, 0))
+	if r.Get("a:80", engine.DefaultBudget, time.Unix(100, 0)) != a {
 		t.Fatal("same upstream, same config: not the same budget")
 	}
-	if r.Get("b:80", engine.DefaultBudget) == a {
+	if r.Get("b:80", engine.DefaultBudget, time.Unix(100, 0)) == a {
 		t.Fatal("budgets shared between upstreams")
 	}
 	other := engine.DefaultBudget
 	other.Ratio = 0.5
-	if r.Get("a:80", other) == a {
+	if r.Get("a:80", other, time.Unix(100, 0)) == a {
 		t.Fatal("a new configuration kept the old budget")
 	}
 	n := 0

@@ -558,9 +558,10 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 	}
 	n := attemptsOf(tr, err)
 	c.s.cfg.Metrics.request(outcome.String())
+	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome.String(), n, tr)
 	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
 		msg: err.Error(), close: !keep})
-	c.logOutcome(req, x, n, outcome.String(), status, start, err)
+	c.logOutcome(req, x, n, outcome.String(), status, start, err, tr)
 	return keep && ok
 }
 
@@ -590,6 +591,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
 		resp.StatusCode == http.StatusNotModified || resp.StatusCode < 200
 	c.s.cfg.Metrics.request(outcome)
+	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome, n, tr)
 	status := resp.StatusCode
 	text := http.StatusText(status)
 	if _, t, ok := strings.Cut(resp.Status, " "); ok && t != "" {
@@ -636,7 +638,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	if copyErr == nil {
 		copyErr = c.bw.Flush()
 	}
-	c.logOutcome(req, x, n, outcome, status, start, copyErr)
+	c.logOutcome(req, x, n, outcome, status, start, copyErr, tr)
 	if copyErr != nil {
 		c.abort()
 		return false
@@ -759,36 +761,44 @@ func namedBy(conns []string, k string) bool {
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-func (c *conn) logOutcome(req *http.Request, x *Exchange, attempts int, outcome string, status int, start time.Time, err error) {
+func (c *conn) logOutcome(req *http.Request, x *Exchange, attempts int, outcome string, status int, start time.Time, err error, tr *retry.Trace) {
+	reason, denied := lastDecision(tr)
 	c.logRequest(requestLog{id: x.ID, method: req.Method, u: req.URL, upstream: x.Identity.Budget,
-		attempts: attempts, outcome: outcome, status: status, start: start, e: err})
+		attempts: attempts, outcome: outcome, reason: reason, denied: denied, status: status, start: start, e: err})
 }
 
 // requestLog is the one log line of a request; empty upstream, zero status
 // and no error are left out. The url is url, or else u's; the error err,
-// or else e's: each is made only when the line is logged.
+// or else e's: each is made only when the line is logged. reason is the
+// last decision's (empty: "none"); denied says it denied a retry for a
+// reason other than the status rules (Config.AccessLog).
 type requestLog struct {
 	id, method, url, upstream string
 	u                         *url.URL
 	attempts                  int
 	outcome                   string
+	reason                    string
+	denied                    bool
 	status                    int
 	start                     time.Time
 	err                       string
 	e                         error
 }
 
-// logRequest logs l at level Info. It gives the record to the logger's
-// handler itself, as Logger.LogAttrs would but without looking up the
-// caller's program counter: the line's source would be this function
-// whoever logged, and no handler egret builds adds it.
+// logRequest logs l at level Info, if Config.AccessLog wants it. It gives
+// the record to the logger's handler itself, as Logger.LogAttrs would but
+// without looking up the caller's program counter: the line's source would
+// be this function whoever logged, and no handler egret builds adds it.
 func (c *conn) logRequest(l requestLog) {
 	now := time.Now()
 	c.s.cfg.Metrics.answered(l.outcome, now.Sub(l.start))
 	ctx := context.Background()
 	h := c.s.cfg.Logger.Handler()
-	if !h.Enabled(ctx, slog.LevelInfo) {
+	if !c.s.cfg.AccessLog.logged(&l) || !h.Enabled(ctx, slog.LevelInfo) {
 		return
+	}
+	if l.reason == "" {
+		l.reason = reasonNone
 	}
 	if l.url == "" && l.u != nil {
 		l.url = c.s.logURL(l.u)
@@ -799,12 +809,12 @@ func (c *conn) logRequest(l requestLog) {
 	r := slog.NewRecord(now, slog.LevelInfo, "request", 0)
 	// slog.Attr values rather than key-value pairs: no boxing of each
 	// value, one array on the stack.
-	var buf [9]slog.Attr
+	var buf [10]slog.Attr
 	attrs := append(buf[:0], slog.String("id", l.id), slog.String("method", l.method), slog.String("url", l.url))
 	if l.upstream != "" {
 		attrs = append(attrs, slog.String("upstream", l.upstream))
 	}
-	attrs = append(attrs, slog.Int("attempts", l.attempts), slog.String("outcome", l.outcome))
+	attrs = append(attrs, slog.Int("attempts", l.attempts), slog.String("outcome", l.outcome), slog.String("reason", l.reason))
 	if l.status != 0 {
 		attrs = append(attrs, slog.Int("status", l.status))
 	}

@@ -198,3 +198,4 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 }
 
 type retryTrace = retry.Trace
+type retryAttempt = retry.Attempt

@@ -280,12 +280,12 @@ func TestRequestLogLine(t *testing.T) {
 	}
 	want := regexp.MustCompile(`^time=\S+ level=INFO msg=request pod=p1 id=` + id + ` method=GET url=` +
 		regexp.QuoteMeta(up.url("/x")) + ` upstream=` + regexp.QuoteMeta(up.addr) +
-		` attempts=1 outcome=relayed status=200 duration=\S+\n$`)
+		` attempts=1 outcome=relayed reason=status status=200 duration=\S+\n$`)
 	if !want.MatchString(lines[0]) {
 		t.Errorf("relayed request's line:\n%s", lines[0])
 	}
 	refused := regexp.MustCompile(`^time=\S+ level=INFO msg=request pod=p1 id=[0-9a-f]{16} method="" url="" ` +
-		`attempts=0 outcome=rejected status=505 duration=\S+ err="HTTP version not supported: HTTP/2.0"\n$`)
+		`attempts=0 outcome=rejected reason=none status=505 duration=\S+ err="HTTP version not supported: HTTP/2.0"\n$`)
 	if !refused.MatchString(lines[1]) {
 		t.Errorf("refused request's line:\n%s", lines[1])
 	}

@@ -132,6 +132,11 @@ type Config struct {
 	Metrics      *Metrics
 	RetryMetrics *retry.Metrics
 	Logger       *slog.Logger
+	// Source is who sends this server's requests (the agent's pod), for
+	// the per-workload series of Metrics.
+	Source Source
+	// AccessLog says which requests are logged (default: all).
+	AccessLog AccessLog
 
 	// SniffTimeout is how long a transparent connection may stay silent
 	// before it is taken for a server-speaks-first protocol.

@@ -302,8 +302,9 @@ func (r *run) do() (*http.Response, error) {
 	if err := validate(req); err != nil {
 		return nil, r.invalid(err)
 	}
-	r.budget = t.budgets.Get(r.pol.Upstream, r.pol.Budget)
-	r.budget.Earn(t.now())
+	now := t.now()
+	r.budget = t.budgets.Get(r.pol.Upstream, r.pol.Budget, now)
+	r.budget.Earn(now)
 
 	body := req.Body
 	for n := 1; ; n++ {

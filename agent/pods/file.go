@@ -43,6 +43,7 @@ type rawFile struct {
 
 type rawPod struct {
 	Name             string     `yaml:"name"`
+	Workload         string     `yaml:"workload"`
 	Cgroup           string     `yaml:"cgroup"`
 	Netns            string     `yaml:"netns"`
 	ListenPort       int        `yaml:"listen_port"`
@@ -112,7 +113,7 @@ func Parse(name string, data []byte) ([]Pod, error) {
 	seen := map[string]int{}
 	seenCg := map[string]int{}
 	for i, rp := range raw.Pods {
-		p := Pod{Name: rp.Name, RedirectLoopback: rp.RedirectLoopback}
+		p := Pod{Name: rp.Name, Workload: rp.Workload, RedirectLoopback: rp.RedirectLoopback}
 		what := fmt.Sprintf("pods[%d]", i)
 		if rp.Name == "" {
 			fail(i, "", "%s: name is required", what)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -24,6 +25,11 @@ type Pod struct {
 	// Name identifies the pod to the source (namespace/name on
 	// Kubernetes). Unique within a source.
 	Name string
+	// Workload is the pod's owner, as kind/name in kubectl's form
+	// ("deployment/web", "statefulset/db", "daemonset/agent",
+	// "job/backup"); empty when unknown. It labels the pod's metrics; a
+	// change of it alone is not an update (Equal ignores it).
+	Workload string
 	// Cgroup is the pod's cgroup v2 directory, e.g.
 	// /sys/fs/cgroup/unified/kubepods/pod1234. Connects made by processes
 	// in it (or below it) are redirected.
@@ -82,7 +88,24 @@ type Exclusions struct {
 	NoDefaultPorts bool
 }
 
-// Equal reports whether p and q describe the same pod in every field.
+// Namespace is the part of Name before its first "/" (empty if none).
+func (p Pod) Namespace() string {
+	if i := strings.IndexByte(p.Name, '/'); i >= 0 {
+		return p.Name[:i]
+	}
+	return ""
+}
+
+// ShortName is Name without its namespace.
+func (p Pod) ShortName() string {
+	if i := strings.IndexByte(p.Name, '/'); i >= 0 {
+		return p.Name[i+1:]
+	}
+	return p.Name
+}
+
+// Equal reports whether p and q describe the same pod in every field but
+// Workload.
 func (p Pod) Equal(q Pod) bool {
 	return p.Name == q.Name && p.Cgroup == q.Cgroup && p.Netns == q.Netns &&
 		p.ListenPort == q.ListenPort && p.RedirectLoopback == q.RedirectLoopback &&

@@ -12,7 +12,8 @@ import (
 )
 
 const good = `pods:
-  - name: web
+  - name: shop/web
+    workload: deployment/web
     cgroup: kubepods/web
     netns: web
     listen_port: 15002
@@ -47,6 +48,9 @@ func TestParse(t *testing.T) {
 	if w.Cgroup != filepath.Join(CgroupRoot, "kubepods/web") || w.Netns != "/run/netns/web" || w.ListenPort != 15002 {
 		t.Errorf("web = %+v", w)
 	}
+	if w.Workload != "deployment/web" || w.Namespace() != "shop" || w.ShortName() != "web" {
+		t.Errorf("web: workload %q, namespace %q, name %q", w.Workload, w.Namespace(), w.ShortName())
+	}
 	if len(w.Exclude.Ports) != 2 || !w.Exclude.NoDefaultPorts ||
 		w.Exclude.CIDRs[1] != netip.MustParsePrefix("192.0.2.7/32") {
 		t.Errorf("web exclusions = %+v", w.Exclude)
@@ -58,6 +62,9 @@ func TestParse(t *testing.T) {
 		t.Errorf("policy = %q", w.Policy)
 	}
 	b := ps[1]
+	if b.Workload != "" || b.Namespace() != "" || b.ShortName() != "batch" {
+		t.Errorf("batch: workload %q, namespace %q, name %q", b.Workload, b.Namespace(), b.ShortName())
+	}
 	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts || b.Learn != (Learning{}) {
 		t.Errorf("batch = %+v", b)
 	}
@@ -71,7 +78,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		name, doc, want string
 	}{
 		{"unknown key", "pods:\n  - name: a\n    cgroup: a\n    colour: red\n",
-			`pods.yaml:4: unknown field "colour" (want one of cgroup, exclude, learn, limits, listen_port, name, netns, policy, redirect_loopback)`},
+			`pods.yaml:4: unknown field "colour" (want one of cgroup, exclude, learn, limits, listen_port, name, netns, policy, redirect_loopback, workload)`},
 		{"unknown exclude key", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      port: [1]\n",
 			`pods.yaml:5: unknown field "port" (want one of cidrs, default_ports, ports)`},
 		{"unknown top key", "pod:\n  - name: a\n", `pods.yaml:1: unknown field "pod" (want one of pods)`},

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -57,7 +58,11 @@ func agentCommand() *cli.Command {
 			heapFloorFlag,
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "on exit, detach every pod and unpin egret's state instead of leaving it for the next agent"},
-			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			logFormatFlag,
+			logLevelFlag,
+			accessLogFlag("errors", "errors by default: a node agent serves every pod of its node, and a line for each success (some 24 GB a day at 1,000 requests/s) would bury the few that need a look; the metrics count every request"),
+			metricsUpstreamsFlag,
+			metricsTTLFlag,
 			logQueryFlag,
 			&cli.IntFlag{Name: "pod-max-connections", Usage: "client connections a pod may hold at once, unless it sets its own (default: a quarter of what the descriptors allow, at most 1024)"},
 			&cli.IntFlag{Name: "pod-max-in-flight", Usage: "requests a pod may have in flight at once, unless it sets its own (default 256)"},
@@ -100,6 +105,10 @@ func runAgent(c *cli.Context) error {
 	lw := newLogWriter(c.App.ErrWriter)
 	defer lw.Close()
 	log, err := newLogger(c, lw)
+	if err != nil {
+		return err
+	}
+	access, err := accessLog(c)
 	if err != nil {
 		return err
 	}
@@ -164,6 +173,10 @@ func runAgent(c *cli.Context) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	pm, err := newProxyMetrics(c, reg)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
@@ -210,6 +223,7 @@ func runAgent(c *cli.Context) error {
 		Witness:       l.Witness(),
 		ListenPort:    uint16(port),
 		Policy:        pol,
+		Proxy:         proxy.Config{Metrics: pm, AccessLog: access, LogQuery: c.Bool("log-query")},
 		ShutdownGrace: c.Duration("grace"),
 		CleanupOnExit: c.Bool("cleanup"),
 		Reporter:      reporter,
@@ -217,7 +231,6 @@ func runAgent(c *cli.Context) error {
 		FDs:           fds,
 		Logger:        log,
 		Registerer:    reg,
-		Proxy:         proxy.Config{LogQuery: c.Bool("log-query")},
 	})
 	if err != nil {
 		l.Close()
@@ -298,7 +311,7 @@ func runAgent(c *cli.Context) error {
 
 // adminCommands ask a running agent, over its admin socket.
 func adminCommands() []*cli.Command {
-	sock := &cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "the agent's admin `SOCKET`"}
+	sock := &cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "the admin `SOCKET` of the agent, or of egret proxy --admin"}
 	get := func(name, help, path string) *cli.Command {
 		return &cli.Command{
 			Name:  name,
@@ -318,9 +331,9 @@ func adminCommands() []*cli.Command {
 		}
 	}
 	return []*cli.Command{
-		get("status", "the agent's summary (JSON)", "/status"),
+		get("status", "the agent's (or proxy's) summary (JSON)", "/status"),
 		get("pods", "the pods and their state (JSON)", "/pods"),
-		get("upstreams", "the node-wide retry budget of each upstream (JSON)", "/upstreams"),
+		get("upstreams", "the node-wide retry budget of each upstream in use (JSON)", "/upstreams"),
 		{
 			Name:      "explain",
 			Usage:     "what egret did with one request, by its Egret-Request-Id",
@@ -360,7 +373,7 @@ var requestID = regexp.MustCompile(`^[0-9a-f]{16}$`)
 func adminGet(sock, path string) ([]byte, error) {
 	resp, err := agent.AdminClient(sock).Get("http://egret" + path)
 	if err != nil {
-		return nil, cli.Exit(fmt.Sprintf("agent admin socket %s: %v (is egret agent running?)", sock, err), 1)
+		return nil, cli.Exit(fmt.Sprintf("admin socket %s: %v (is egret agent, or egret proxy --admin, running?)", sock, err), 1)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -376,8 +389,12 @@ func adminGet(sock, path string) ([]byte, error) {
 }
 
 func writeExplain(w io.Writer, tv agent.TraceView) {
-	fmt.Fprintf(w, "request %s from pod %s: %s %s to %s (idempotent %v, body %s) -> outcome %s after %d attempt(s)\n",
-		tv.RequestID, tv.Pod, tv.Method, tv.URL, tv.Upstream, tv.Idempotent, tv.Body, outcomeOr(tv.Outcome), len(tv.Attempts))
+	from := ""
+	if tv.Pod != "" {
+		from = " from pod " + tv.Pod
+	}
+	fmt.Fprintf(w, "request %s%s: %s %s to %s (idempotent %v, body %s) -> outcome %s after %d attempt(s)\n",
+		tv.RequestID, from, tv.Method, tv.URL, tv.Upstream, tv.Idempotent, tv.Body, outcomeOr(tv.Outcome), len(tv.Attempts))
 	for _, a := range tv.Attempts {
 		what := fmt.Sprintf("status %d", a.Status)
 		if a.Status == 0 {
@@ -392,15 +409,27 @@ func writeExplain(w io.Writer, tv agent.TraceView) {
 			fmt.Fprintf(w, "; budget %.1f", *a.Budget)
 		}
 		fmt.Fprintln(w)
-		if src := a.WitnessAfter.Source; src != "" {
-			fmt.Fprintf(w, "    witness (%s): bytes sent %d -> %d, data segments %d -> %d, acked %d, retransmits %d, reset %v\n",
-				src, a.WitnessBefore.BytesSent, a.WitnessAfter.BytesSent, a.WitnessBefore.DataSegsOut,
-				a.WitnessAfter.DataSegsOut, a.WitnessAfter.BytesAcked, a.WitnessAfter.Retransmits, a.WitnessAfter.ResetReceived)
+		if wa := a.WitnessAfter; wa != nil {
+			wb := a.WitnessBefore
+			if wb == nil {
+				wb = &agent.CountersView{}
+			}
+			fmt.Fprintf(w, "    witness (%s): bytes sent %s -> %s, data segments %s -> %s, acked %d, retransmits %d, reset %v\n",
+				wa.Source, count(wb.BytesSent), count(wa.BytesSent), count(wb.DataSegsOut),
+				count(wa.DataSegsOut), wa.BytesAcked, wa.Retransmits, wa.ResetReceived)
 		}
 		if a.Err != "" {
 			fmt.Fprintf(w, "    error: %s\n", a.Err)
 		}
 	}
+}
+
+// count is a witness counter, "?" when it was not read.
+func count(v *uint64) string {
+	if v == nil {
+		return "?"
+	}
+	return strconv.FormatUint(*v, 10)
 }
 
 func outcomeOr(o string) string {

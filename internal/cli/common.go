@@ -11,23 +11,96 @@ import (
 
 	"github.com/egret-proxy/egret/internal/heapfloor"
 	"github.com/egret-proxy/egret/internal/textlog"
+	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 )
 
-// newLogger builds the logger --log-format asks for, writing to w.
+// Flags of the logs, the same on every command that serves.
+var (
+	logFormatFlag = &cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json (json gives durations in seconds, as a float, as Prometheus and OpenTelemetry do)"}
+	logLevelFlag  = &cli.StringFlag{Name: "log-level", Value: "info", Usage: "least level logged: debug, info, warn or error (request lines are info)"}
+)
+
+// accessLogFlag is --access-log with the command's default, and why.
+func accessLogFlag(def, why string) *cli.StringFlag {
+	return &cli.StringFlag{Name: "access-log", Value: def, Usage: "which requests get a log line: all, errors (retried, denied a retry, ambiguous, not-sent, failed, rejected, 5xx) or off; " + why}
+}
+
+// accessLog reads --access-log.
+func accessLog(c *cli.Context) (proxy.AccessLog, error) {
+	a, err := proxy.ParseAccessLog(c.String("access-log"))
+	if err != nil {
+		return 0, usage("--access-log %s: expected all, errors or off", c.String("access-log"))
+	}
+	return a, nil
+}
+
+// logLevel reads --log-level.
+func logLevel(c *cli.Context) (slog.Level, error) {
+	switch c.String("log-level") {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, usage("--log-level %s: expected debug, info, warn or error", c.String("log-level"))
+}
+
+// newLogger builds the logger --log-format and --log-level ask for,
+// writing to w.
 func newLogger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
+	level, err := logLevel(c)
+	if err != nil {
+		return nil, err
+	}
 	switch c.String("log-format") {
 	case "text":
 		// slog's text format, written faster for the per-request lines.
-		h, _ := textlog.New(w, nil)
+		h, _ := textlog.New(w, &slog.HandlerOptions{Level: level})
 		return slog.New(h), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, nil)), nil
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: secondsAttr})), nil
 	}
 	return nil, usage("--log-format %s: expected text or json", c.String("log-format"))
+}
+
+// secondsAttr writes a duration as seconds, a float ("duration":0.0087),
+// rather than slog's bare nanoseconds.
+func secondsAttr(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.Float64(a.Key, a.Value.Duration().Seconds())
+	}
+	return a
+}
+
+// Flags bounding the per-workload series (proxy.WorkloadOptions).
+var (
+	metricsUpstreamsFlag = &cli.IntFlag{Name: "metrics-upstreams", Value: proxy.DefaultUpstreamCap, Usage: "upstreams the policy does not name that get a label of their own in the per-workload series; beyond, until one is idle past --metrics-series-ttl, they are counted as upstream=\"other\" (the policy's named upstreams always get theirs)"}
+	metricsTTLFlag       = &cli.DurationFlag{Name: "metrics-series-ttl", Value: proxy.DefaultSeriesTTL, Usage: "a per-workload series with no request for this long disappears (a deleted pod's go at once)"}
+)
+
+// newProxyMetrics makes the proxy's metrics, registered with reg, with the
+// per-workload series bounded by the flags.
+func newProxyMetrics(c *cli.Context, reg prometheus.Registerer) (*proxy.Metrics, error) {
+	n, ttl := c.Int("metrics-upstreams"), c.Duration("metrics-series-ttl")
+	if n < 1 {
+		return nil, usage("--metrics-upstreams %d: expected 1 or more", n)
+	}
+	if ttl <= 0 {
+		return nil, usage("--metrics-series-ttl %s: expected a positive duration, such as 5m", ttl)
+	}
+	pm, err := proxy.NewMetricsWith(reg, proxy.WorkloadOptions{UpstreamCap: n, TTL: ttl})
+	if err != nil {
+		return nil, cli.Exit(err.Error(), 1)
+	}
+	return pm, nil
 }
 
 // Paths served on the --metrics address besides /metrics: the probes of a

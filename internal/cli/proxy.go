@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v2"
 
+	"github.com/egret-proxy/egret/agent"
+	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/proxy/witness"
@@ -37,11 +39,16 @@ func proxyCommand() *cli.Command {
 			&cli.BoolFlag{Name: "allow-remote", Usage: "allow a non-loopback --listen or --metrics address (an open proxy to whoever reaches it)"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (watched and reloaded on change; default: the embedded defaults)"},
 			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
+			&cli.StringFlag{Name: "admin", Usage: "serve the admin API on unix `SOCKET`, as the agent does: egret status, upstreams and explain --admin SOCKET ask it (default: off)"},
 			pprofFlag,
 			heapFloorFlag,
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "how long in-flight requests may take to finish on shutdown"},
 			&cli.StringFlag{Name: "spool-dir", Usage: "directory for spooled request bodies (default: the system's temporary directory)"},
-			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
+			logFormatFlag,
+			logLevelFlag,
+			accessLogFlag("all", "all by default: egret proxy is run by hand or in front of one client, where each request's line is what a person looks at"),
+			metricsUpstreamsFlag,
+			metricsTTLFlag,
 			logQueryFlag,
 			&cli.StringFlag{Name: "connect-ports", Value: "443", Usage: "comma-separated `PORTS` a CONNECT may reach"},
 			&cli.DurationFlag{Name: "tunnel-idle-timeout", Value: proxy.DefaultTunnelIdleTimeout, Usage: "close a CONNECT tunnel silent both ways for this long"},
@@ -102,12 +109,16 @@ func runProxy(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	access, err := accessLog(c)
+	if err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	pm, err := proxy.NewMetrics(reg)
+	pm, err := newProxyMetrics(c, reg)
 	if err != nil {
-		return cli.Exit(err.Error(), 1)
+		return err
 	}
 	rm, err := retry.NewMetrics(reg)
 	if err != nil {
@@ -152,14 +163,17 @@ func runProxy(c *cli.Context) error {
 	if err != nil {
 		log.Warn("cannot raise the file descriptor limit", "limit", nofile, "err", err)
 	}
+	budgets := engine.NewBudgets()
 	srv, err := proxy.New(proxy.Config{
 		Quota:        proxy.NewQuota(proxy.Limits{}, proxy.NewFDs(int(min(nofile, 1<<30)), 0)),
 		Mode:         proxy.Explicit,
+		Budgets:      budgets,
 		Policy:       src,
 		Witness:      witness.TCPInfo{},
 		Metrics:      pm,
 		RetryMetrics: rm,
 		Logger:       log,
+		AccessLog:    access,
 		SpoolDir:     c.String("spool-dir"),
 		Via:          "egret",
 		LogQuery:     c.Bool("log-query"),
@@ -175,6 +189,22 @@ func runProxy(c *cli.Context) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
+	}
+	if sock := c.String("admin"); sock != "" {
+		src := &agent.Standalone{Server: srv, Budgets: budgets, Status: agent.ProxyStatus{
+			Mode: "explicit", Listen: ln.Addr().String(), Policy: policyName, Started: time.Now()}}
+		actx, stopAdmin := context.WithCancel(context.Background())
+		adminDone := make(chan struct{})
+		go func() {
+			defer close(adminDone)
+			if err := agent.ServeAdminHandler(actx, sock, agent.AdminHandler(src)); err != nil {
+				log.Error("admin API", "err", err)
+			}
+		}()
+		// Stopped last, once the proxy has drained: explain answers
+		// until then.
+		defer func() { stopAdmin(); <-adminDone }()
+		log.Info("egret admin API", "socket", sock)
 	}
 	log.Info("egret proxy listening", "addr", ln.Addr().String(), "mode", "explicit", "policy", policyName)
 

@@ -112,7 +112,7 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 		t.Fatalf("got %d %q Egret-Attempts=%q, want 200 ok after 2 attempts", resp.StatusCode, body, resp.Header.Get("Egret-Attempts"))
 	}
 	id := resp.Header.Get("Egret-Request-Id")
-	want := fmt.Sprintf("id=%s method=GET url=http://%s/flaky upstream=%s attempts=2 outcome=relayed status=200", id, ln.Addr(), ln.Addr())
+	want := fmt.Sprintf("id=%s method=GET url=http://%s/flaky upstream=%s attempts=2 outcome=relayed reason=status status=200", id, ln.Addr(), ln.Addr())
 	waitLine(t, lines, want)
 	// Its own metrics and pprof address is out of the clients' reach:
 	// by request, and by CONNECT (whose port 443 only is allowed).

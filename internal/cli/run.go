@@ -42,8 +42,10 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "netns", Value: "host", Usage: "network namespace of CMD: host or new"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (default: the embedded defaults)"},
 			&cli.UintFlag{Name: "listen-port", Usage: "`PORT` of egret's listener (default: a free one)"},
-			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json"},
-			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log only warnings and errors"},
+			logFormatFlag,
+			logLevelFlag,
+			accessLogFlag("all", "all by default: egret run puts one command behind egret, and its requests' lines are what a person runs it to see"),
+			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log only warnings and errors (--log-level warn)"},
 			logQueryFlag,
 			heapFloorFlag,
 		},
@@ -76,6 +78,10 @@ func runRun(c *cli.Context) error {
 	}
 	if c.Bool("quiet") {
 		log = slog.New(levelHandler{slog.LevelWarn, log.Handler()})
+	}
+	access, err := accessLog(c)
+	if err != nil {
+		return err
 	}
 	mode := c.String("netns")
 	if mode != "host" && mode != "new" {
@@ -132,10 +138,10 @@ func runRun(c *cli.Context) error {
 		Mark:          r.loader.Mark(),
 		Witness:       r.loader.Witness(),
 		Policy:        pol,
+		Proxy:         proxy.Config{AccessLog: access, LogQuery: c.Bool("log-query")},
 		ShutdownGrace: 2 * time.Second,
 		CleanupOnExit: true,
 		Logger:        log,
-		Proxy:         proxy.Config{LogQuery: c.Bool("log-query")},
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)

@@ -52,7 +52,9 @@ func TestPromlintAllMetrics(t *testing.T) {
 	// The proxy counts requests as answered; the runner under it counts
 	// attempts and witness upgrades, each in one family only.
 	for _, want := range []string{"egret_proxy_requests_total", "egret_policy_reloads_total",
-		"egret_retry_attempts_total", "egret_retry_witness_upgrades_total"} {
+		"egret_retry_attempts_total", "egret_retry_witness_upgrades_total",
+		"egret_proxy_workload_requests_total", "egret_proxy_workload_attempts_total", "egret_proxy_workload_retries_total",
+		"egret_proxy_workload_retries_denied_total", "egret_proxy_workload_retry_successes_total"} {
 		if !seen[want] {
 			t.Errorf("family %s missing after traffic; have %v", want, seen)
 		}

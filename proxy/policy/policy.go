@@ -310,6 +310,12 @@ func pick(byPort map[int]*Upstream, port int) *Upstream {
 	return byPort[0]
 }
 
+// Named reports whether the policy fixes the upstream's name (an entry's
+// `name`, or an entry with a fixed host and port), rather than Match
+// naming it after the destination (the defaults, wildcard hosts, entries
+// without a port). Metrics give a named upstream a label of its own.
+func (u *Upstream) Named() bool { return u.named }
+
 // forDestination returns u itself when its budget name is fixed, else a
 // copy named after the destination.
 func (u *Upstream) forDestination(host string, port int) *Upstream {

@@ -94,7 +94,7 @@ func OptedIn(pod *corev1.Pod) bool {
 // an *AnnotationError; several are joined, in annotation order.
 func Parse(pod *corev1.Pod) (pods.Pod, error) {
 	name := PodName(pod)
-	p := pods.Pod{Name: name}
+	p := pods.Pod{Name: name, Workload: Workload(pod)}
 	var errs []error
 	bad := func(key, reason string, args ...any) {
 		errs = append(errs, &AnnotationError{Pod: name, Annotation: key, Value: pod.Annotations[key], Reason: fmt.Sprintf(reason, args...)})
@@ -200,6 +200,28 @@ func Parse(pod *corev1.Pod) (pods.Pod, error) {
 		return pods.Pod{}, errors.Join(errs...)
 	}
 	return p, nil
+}
+
+// Workload is the pod's owning workload as kind/name in kubectl's form,
+// from its controller owner reference: a ReplicaSet whose name ends in the
+// pod's pod-template-hash label is its Deployment's
+// ("deployment/web" for ReplicaSet web-7d9f8b6c5d); other kinds are
+// themselves ("statefulset/db", "daemonset/agent", "job/backup"). Empty
+// for a pod without a controller.
+func Workload(pod *corev1.Pod) string {
+	for _, o := range pod.OwnerReferences {
+		if o.Controller == nil || !*o.Controller || o.Name == "" {
+			continue
+		}
+		kind, name := strings.ToLower(o.Kind), o.Name
+		if h := pod.Labels["pod-template-hash"]; kind == "replicaset" && h != "" {
+			if base, ok := strings.CutSuffix(name, "-"+h); ok && base != "" {
+				kind, name = "deployment", base
+			}
+		}
+		return kind + "/" + name
+	}
+	return ""
 }
 
 // PodName is the name the source gives a pod: namespace/name.

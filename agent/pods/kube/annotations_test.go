@@ -137,3 +137,37 @@ func TestParseBadAnnotations(t *testing.T) {
 		t.Fatalf("errors for %v, want exclude-ports and listen-port: %v", names, err)
 	}
 }
+
+// The owning workload comes from the controller owner reference; a
+// Deployment's ReplicaSet is named for its Deployment.
+func TestWorkload(t *testing.T) {
+	yes, no := true, false
+	owned := func(kind, name string, controller *bool, labels map[string]string) *corev1.Pod {
+		p := annotated(map[string]string{AnnotationEnabled: "true"})
+		p.Labels = labels
+		p.OwnerReferences = []metav1.OwnerReference{{Kind: kind, Name: name, Controller: controller}}
+		return p
+	}
+	hash := map[string]string{"pod-template-hash": "7d9f8b6c5d"}
+	for _, c := range []struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		{owned("ReplicaSet", "web-7d9f8b6c5d", &yes, hash), "deployment/web"},
+		{owned("ReplicaSet", "web-7d9f8b6c5d", &yes, nil), "replicaset/web-7d9f8b6c5d"},
+		{owned("ReplicaSet", "web-other", &yes, hash), "replicaset/web-other"},
+		{owned("StatefulSet", "db", &yes, nil), "statefulset/db"},
+		{owned("DaemonSet", "agent", &yes, nil), "daemonset/agent"},
+		{owned("Job", "backup-28911", &yes, nil), "job/backup-28911"},
+		{owned("ReplicaSet", "web-7d9f8b6c5d", &no, hash), ""},
+		{annotated(map[string]string{AnnotationEnabled: "true"}), ""},
+	} {
+		if got := Workload(c.pod); got != c.want {
+			t.Errorf("owner %v labels %v: %q, want %q", c.pod.OwnerReferences, c.pod.Labels, got, c.want)
+		}
+		p, err := Parse(c.pod)
+		if err != nil || p.Workload != c.want {
+			t.Errorf("Parse: workload %q (%v), want %q", p.Workload, err, c.want)
+		}
+	}
+}
