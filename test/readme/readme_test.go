@@ -1,0 +1,433 @@
+// The test runs the command examples of the top README.md against a
+// built egret and a real ledger, and checks their output against what the
+// README shows: a README that drifts from the code fails the test.
+//
+// Each fenced block without a language whose first line starts with "$ " is
+// a terminal session: "$ CMD" lines are commands (run by sh in a fresh
+// directory, with egret on PATH; a here-document continues to its
+// terminator), the lines up to the next "$ " are what the terminal shows.
+// A command ending in "&" is a background job whose output (stdout and
+// stderr) comes in as it is written; "kill %N" sends job N a SIGTERM and
+// waits for it. A foreground command's output is its stderr, then its
+// stdout. "..." stands for any lines (the rest of a command's output, and
+// the job lines that come before the next expected line), and the values
+// that vary from run to run are written as <id>, <hex>, <n>, <port>,
+// <duration> and <time> (the README's legend); an <id> in a command is the
+// request id last matched.
+//
+// The README's fixed names are replaced with unique ones so that runs beside
+// other tests do not collide: 18080 becomes the port of a ledger this test
+// starts, 127.0.0.1:15001, 15002 and 18999 free ports (an "egret proxy" without --listen is
+// given the one that replaces 15001), egret-demo and demo-web get a random
+// suffix. Blocks that run "egret run" or "egret agent" need root (they fail
+// without it under CI=true) and remove the cgroup, pins and socket they name
+// even when they fail.
+package readme
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/test/ledger"
+)
+
+// lineWait bounds how long an expected line of a background job may take to
+// come; it is a failure deadline, not synchronisation.
+const lineWait = 30 * time.Second
+
+// block is one terminal session of the README.
+type block struct {
+	line    int    // of its first "$ " line in README.md
+	section string // the heading above it
+	steps   []step
+}
+
+type step struct {
+	line int
+	cmd  string
+	want []string
+}
+
+var (
+	heredoc  = regexp.MustCompile(`<<\s*'?([A-Za-z_]+)'?\s*$`)
+	bgSuffix = regexp.MustCompile(`\s*&\s*(#.*)?$`)
+	killJob  = regexp.MustCompile(`^kill %([0-9]+)\b`)
+	holes    = map[string]string{
+		"<id>":       `([0-9a-f]{16})`,
+		"<hex>":      `[0-9a-f]+`,
+		"<n>":        `[0-9]+`,
+		"<port>":     `[0-9]{1,5}`,
+		"<duration>": `(?:[0-9]+(?:\.[0-9]+)?(?: ?(?:ns|µs|us|ms|s|m|h)))+`,
+		"<time>":     `[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(?:Z|[+-][0-9:]+)`,
+	}
+	holeRE = regexp.MustCompile(`<(id|hex|n|port|duration|time)>`)
+)
+
+// parseREADME returns the README's terminal sessions.
+func parseREADME(text string) []block {
+	lines := strings.Split(text, "\n")
+	var blocks []block
+	section := ""
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if strings.HasPrefix(l, "#") {
+			section = strings.TrimSpace(strings.TrimLeft(l, "#"))
+			continue
+		}
+		if !strings.HasPrefix(l, "```") {
+			continue
+		}
+		j := i + 1
+		for j < len(lines) && !strings.HasPrefix(lines[j], "```") {
+			j++
+		}
+		body := lines[i+1 : j]
+		first := i + 2
+		i = j
+		if l != "```" || len(body) == 0 || !strings.HasPrefix(body[0], "$ ") {
+			continue
+		}
+		b := block{line: first, section: section}
+		for k := 0; k < len(body); k++ {
+			l := body[k]
+			if !strings.HasPrefix(l, "$ ") {
+				last := &b.steps[len(b.steps)-1]
+				last.want = append(last.want, l)
+				continue
+			}
+			s := step{line: first + k, cmd: strings.TrimPrefix(l, "$ ")}
+			if m := heredoc.FindStringSubmatch(s.cmd); m != nil {
+				for k+1 < len(body) {
+					k++
+					s.cmd += "\n" + body[k]
+					if body[k] == m[1] {
+						break
+					}
+				}
+			}
+			b.steps = append(b.steps, s)
+		}
+		blocks = append(blocks, b)
+	}
+	return blocks
+}
+
+func TestREADMEExamples(t *testing.T) {
+	text, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := parseREADME(string(text))
+	// The examples the README must keep; a removed one fails here.
+	all := ""
+	for _, b := range blocks {
+		for _, s := range b.steps {
+			all += s.cmd + "\n"
+		}
+	}
+	for _, c := range []string{"egret proxy", "curl -si -x", "egret run --", "egret agent --pods", "egret explain", "egret simulate", "egret proxy --grace 5", "egret prxy"} {
+		if !strings.Contains(all, c) {
+			t.Errorf("README.md has no example running %q", c)
+		}
+	}
+
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin, "github.com/egret-proxy/egret/cmd/egret")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build egret: %v\n%s", err, out)
+	}
+
+	l := ledger.New()
+	laddr, err := l.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	_, ledgerPort, _ := net.SplitHostPort(laddr.String())
+	proxyPort, podPort, deadPort := freePort(t), freePort(t), freePort(t)
+	suffix := randHex(t)
+	cgroupRoot := "/sys/fs/cgroup/unified"
+	if !isCgroup2(cgroupRoot) {
+		cgroupRoot = "/sys/fs/cgroup"
+	}
+	subst := strings.NewReplacer(
+		"18080", ledgerPort,
+		"127.0.0.1:15001", "127.0.0.1:"+proxyPort,
+		"15002", podPort,
+		"18999", deadPort,
+		"egret-demo", "egret-demo-"+suffix,
+		"demo-web", "demo-web-"+suffix,
+		"/sys/fs/cgroup/unified", cgroupRoot,
+	)
+	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+
+	for _, b := range blocks {
+		t.Run(fmt.Sprintf("line%d", b.line), func(t *testing.T) {
+			t.Logf("README.md:%d (%s)", b.line, b.section)
+			if needsRoot(b) {
+				testenv.RequireRoot(t)
+			}
+			t.Cleanup(func() {
+				os.Remove("/run/egret-demo-" + suffix + ".sock")
+				os.RemoveAll("/sys/fs/bpf/egret-demo-" + suffix)
+				os.Remove(filepath.Join(cgroupRoot, "demo-web-"+suffix))
+				// The agent's own cgroup, left when it was killed.
+				agents, _ := filepath.Glob(filepath.Join(cgroupRoot, "egret-agent-egret-demo-"+suffix+"-*"))
+				for _, a := range agents {
+					if err := os.Remove(a); err != nil {
+						t.Errorf("the agent's cgroup: %v", err)
+					}
+				}
+			})
+			s := &session{t: t, dir: t.TempDir(), env: env, subst: subst, proxyPort: proxyPort, lines: make(chan string, 1024)}
+			defer s.stopJobs()
+			for _, st := range b.steps {
+				if !s.run(st) {
+					return
+				}
+			}
+		})
+	}
+}
+
+func needsRoot(b block) bool {
+	for _, s := range b.steps {
+		if strings.HasPrefix(s.cmd, "egret run") || strings.HasPrefix(s.cmd, "egret agent") {
+			return true
+		}
+	}
+	return false
+}
+
+// session is one README block's terminal: its background jobs and the lines
+// they wrote that no expected line has consumed yet.
+type session struct {
+	t         *testing.T
+	dir       string
+	env       []string
+	subst     *strings.Replacer
+	proxyPort string
+	jobs      []*exec.Cmd
+	lines     chan string // the jobs' output, line by line
+	id        string      // the request id last matched
+}
+
+func (s *session) command(ctx context.Context, line string) *exec.Cmd {
+	line = s.subst.Replace(line)
+	line = strings.ReplaceAll(line, "<id>", s.id)
+	if strings.HasPrefix(line, "egret proxy") && !strings.Contains(line, "--listen") {
+		line = "egret proxy --listen 127.0.0.1:" + s.proxyPort + strings.TrimPrefix(line, "egret proxy")
+	}
+	c := exec.CommandContext(ctx, "sh", "-c", line)
+	c.Dir, c.Env = s.dir, s.env
+	return c
+}
+
+// run runs one step and checks what it shows; false when it failed.
+func (s *session) run(st step) bool {
+	t := s.t
+	where := fmt.Sprintf("README.md:%d: $ %s", st.line, st.cmd)
+	var fg []string
+	switch {
+	case killJob.MatchString(st.cmd):
+		n, _ := strconv.Atoi(killJob.FindStringSubmatch(st.cmd)[1])
+		if n < 1 || n > len(s.jobs) {
+			t.Errorf("%s: no job %d", where, n)
+			return false
+		}
+		// As a shell's kill %N: the job's process group.
+		syscall.Kill(-s.jobs[n-1].Process.Pid, syscall.SIGTERM)
+	case bgSuffix.MatchString(st.cmd):
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := s.command(context.Background(), bgSuffix.ReplaceAllString(st.cmd, ""))
+		c.Stdout, c.Stderr = w, w
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := c.Start(); err != nil {
+			t.Errorf("%s: %v", where, err)
+			return false
+		}
+		w.Close()
+		s.jobs = append(s.jobs, c)
+		go func() {
+			sc := bufio.NewScanner(r)
+			for sc.Scan() {
+				s.lines <- strings.TrimSuffix(sc.Text(), "\r")
+			}
+			r.Close()
+		}()
+	default:
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		c := s.command(ctx, st.cmd)
+		var stdout, stderr strings.Builder
+		c.Stdout, c.Stderr = &stdout, &stderr
+		if err := c.Run(); err != nil && !errors.As(err, new(*exec.ExitError)) {
+			t.Errorf("%s: %v", where, err)
+			return false
+		}
+		fg = append(splitLines(stderr.String()), splitLines(stdout.String())...)
+	}
+	if err := s.match(st.want, fg); err != nil {
+		t.Errorf("%s\n%v\nthe README shows:\n\t%s", where, err, strings.Join(st.want, "\n\t"))
+		return false
+	}
+	return true
+}
+
+// match checks the expected lines against the command's own output, then
+// the lines of the background jobs as they come.
+func (s *session) match(want, fg []string) error {
+	var seen []string
+	next := func() (string, error) {
+		if len(fg) > 0 {
+			l := fg[0]
+			fg = fg[1:]
+			seen = append(seen, l)
+			return l, nil
+		}
+		select {
+		case l := <-s.lines:
+			seen = append(seen, l)
+			return l, nil
+		case <-time.After(lineWait):
+			return "", fmt.Errorf("no further output in %v", lineWait)
+		}
+	}
+	report := func(err error) error {
+		return fmt.Errorf("%w; the terminal showed:\n\t%s\n\t(then:) %s", err, strings.Join(seen, "\n\t"), strings.Join(fg, "\n\t"))
+	}
+	for i := 0; i < len(want); i++ {
+		w := s.subst.Replace(want[i])
+		if w == "..." {
+			if i == len(want)-1 {
+				return nil // the rest of the output is left out
+			}
+			re := s.pattern(want[i+1])
+			for {
+				l, err := next()
+				if err != nil {
+					return report(fmt.Errorf("no line matching %q: %w", want[i+1], err))
+				}
+				if s.accept(re, l) {
+					break
+				}
+			}
+			i++
+			continue
+		}
+		l, err := next()
+		if err != nil {
+			return report(fmt.Errorf("line %q: %w", want[i], err))
+		}
+		if !s.accept(s.pattern(want[i]), l) {
+			return report(fmt.Errorf("got %q, the README shows %q", l, want[i]))
+		}
+	}
+	if len(fg) > 0 {
+		return report(fmt.Errorf("%d more lines than the README shows", len(fg)))
+	}
+	return nil
+}
+
+func (s *session) pattern(want string) *regexp.Regexp {
+	want = s.subst.Replace(want)
+	var b strings.Builder
+	b.WriteString("^")
+	last := 0
+	for _, m := range holeRE.FindAllStringIndex(want, -1) {
+		b.WriteString(regexp.QuoteMeta(want[last:m[0]]))
+		b.WriteString(holes[want[m[0]:m[1]]])
+		last = m[1]
+	}
+	b.WriteString(regexp.QuoteMeta(want[last:]))
+	b.WriteString("$")
+	return regexp.MustCompile(b.String())
+}
+
+func (s *session) accept(re *regexp.Regexp, l string) bool {
+	m := re.FindStringSubmatch(l)
+	if m == nil {
+		return false
+	}
+	if len(m) > 1 && m[1] != "" {
+		s.id = m[1]
+	}
+	return true
+}
+
+// stopJobs ends the jobs still running (SIGTERM to their process group, then
+// SIGKILL) and waits for them.
+func (s *session) stopJobs() {
+	for _, j := range s.jobs {
+		done := make(chan struct{})
+		go func() { j.Wait(); close(done) }()
+		syscall.Kill(-j.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			syscall.Kill(-j.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+	}
+	for {
+		select {
+		case <-s.lines:
+		default:
+			return
+		}
+	}
+}
+
+func splitLines(s string) []string {
+	s = strings.TrimSuffix(s, "\n")
+	if s == "" {
+		return nil
+	}
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimSuffix(l, "\r") // a terminal shows no CR
+	}
+	return lines
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, p, _ := net.SplitHostPort(l.Addr().String())
+	return p
+}
+
+func randHex(t *testing.T) string {
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(rand.Reader, b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func isCgroup2(dir string) bool {
+	var st syscall.Statfs_t
+	return syscall.Statfs(dir, &st) == nil && st.Type == 0x63677270 // CGROUP2_SUPER_MAGIC
+}
