@@ -22,6 +22,7 @@
 // suffix. Blocks that run "egret run" or "egret agent" need root (they fail
 // without it under CI=true) and remove the cgroup, pins and socket they name
 // even when they fail.
+
 package readme
 
 import (
@@ -231,8 +232,8 @@ type session struct {
 func (s *session) command(ctx context.Context, line string) *exec.Cmd {
 	line = s.subst.Replace(line)
 	line = strings.ReplaceAll(line, "<id>", s.id)
-	if strings.HasPrefix(line, "egret proxy") && !strings.Contains(line, "--listen") {
-		line = "egret proxy --listen 127.0.0.1:" + s.proxyPort + strings.TrimPrefix(line, "egret proxy")
+	if bare := strings.TrimPrefix(line, "exec "); strings.HasPrefix(bare, "egret proxy") && !strings.Contains(line, "--listen") {
+		line = strings.Replace(line, "egret proxy", "egret proxy --listen 127.0.0.1:"+s.proxyPort, 1)
 	}
 	c := exec.CommandContext(ctx, "sh", "-c", line)
 	c.Dir, c.Env = s.dir, s.env
@@ -258,7 +259,9 @@ func (s *session) run(st step) bool {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := s.command(context.Background(), bgSuffix.ReplaceAllString(st.cmd, ""))
+		// exec: the job is the command itself, so that waiting for it
+		// waits for its exit (an agent's cleanup), not for a shell's.
+		c := s.command(context.Background(), "exec "+bgSuffix.ReplaceAllString(st.cmd, ""))
 		c.Stdout, c.Stderr = w, w
 		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := c.Start(); err != nil {
