@@ -107,7 +107,12 @@ type Config struct {
 	CleanupOnExit bool
 	// Settle is how long a stopping pod's listeners keep accepting after
 	// the kernel stopped redirecting to them, so that connects redirected
-	// just before are served rather than reset (default 50 ms).
+	// just before are served rather than reset (default 50 ms). It is a
+	// pause, not a poll, because no event marks its end: detaching a
+	// cgroup program does not wait for connects that already ran it, and
+	// such a connect's SYN reaches the listener later (on another CPU's
+	// softirq, on a busy machine); nothing tells user space that every one
+	// has. Once it has arrived, the stop waits on accepts, not on a clock.
 	Settle time.Duration
 	// RetryInterval: how long a pod that failed to start waits before it
 	// is tried again (default 2 s), doubled with each failure in a row up
