@@ -107,7 +107,12 @@ type Config struct {
 	CleanupOnExit bool
 	// Settle is how long a stopping pod's listeners keep accepting after
 	// the kernel stopped redirecting to them, so that connects redirected
-	// just before are served rather than reset (default 50 ms).
+	// just before are served rather than reset (default 50 ms). It is a
+	// pause, not a poll, because no event marks its end: detaching a
+	// cgroup program does not wait for connects that already ran it, and
+	// such a connect's SYN reaches the listener later (on another CPU's
+	// softirq, on a busy machine); nothing tells user space that every one
+	// has. Once it has arrived, the stop waits on accepts, not on a clock.
 	Settle time.Duration
 	// RetryInterval: how long a pod that failed to start waits before it
 	// is tried again (default 2 s), doubled with each failure in a row up
@@ -176,6 +181,8 @@ type Agent struct {
 	started time.Time
 	// direct: out of descriptors, every pod's new connects go direct.
 	direct bool
+	// podsChanged is closed (and replaced) at each change of pods.
+	podsChanged chan struct{}
 }
 
 // Ready says whether the agent serves its node: nil once Run has attached
@@ -272,6 +279,7 @@ func New(cfg Config) (*Agent, error) {
 		pmetrics:  pm,
 		pods:      map[string]*podState{},
 	}
+	a.podsChanged = make(chan struct{})
 	if a.budgets == nil {
 		a.budgets = engine.NewBudgets()
 	}
@@ -493,7 +501,23 @@ func (a *Agent) startPodAfter(p pods.Pod, fails int) {
 	}
 	a.mu.Lock()
 	a.pods[p.Name] = ps
+	a.podsChangedLocked()
 	a.mu.Unlock()
+}
+
+// podsChangedLocked tells PodsChanged's callers that pods changed.
+func (a *Agent) podsChangedLocked() {
+	close(a.podsChanged)
+	a.podsChanged = make(chan struct{})
+}
+
+// PodsChanged returns a channel closed at the next change of the pods: a
+// pod started, failed to start, or went. Take it before reading a pod's
+// status (Pod, Pods), and no change after the read is missed.
+func (a *Agent) PodsChanged() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.podsChanged
 }
 
 func (a *Agent) remove(name string) {
@@ -508,6 +532,7 @@ func (a *Agent) remove(name string) {
 	a.mu.Lock()
 	if a.pods[name] == ps {
 		delete(a.pods, name)
+		a.podsChangedLocked()
 	}
 	a.mu.Unlock()
 }
@@ -612,6 +637,7 @@ func (a *Agent) stopAll() {
 		all = append(all, ps)
 	}
 	a.pods = map[string]*podState{}
+	a.podsChangedLocked()
 	a.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, ps := range all {

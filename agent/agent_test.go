@@ -388,3 +388,43 @@ func TestOutOfDescriptorsGoesDirect(t *testing.T) {
 		t.Fatalf("usage %+v", st.Usage)
 	}
 }
+
+// TestPodsChanged: PodsChanged's channel closes when a pod starts, fails
+// to start, or goes; taken before a status is read, it misses no change.
+func TestPodsChanged(t *testing.T) {
+	fake := NewFake()
+	h := start(t, fake)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		timeout := time.NewTimer(5 * time.Second)
+		defer timeout.Stop()
+		for {
+			changed := h.a.PodsChanged()
+			if cond() {
+				return
+			}
+			select {
+			case <-changed:
+			case <-timeout.C:
+				t.Fatalf("no change told: %s", what)
+			}
+		}
+	}
+	if err := h.src.Put(pods.Pod{Name: "web", Cgroup: "/cg/web", ListenPort: freePort(t)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("web running", func() bool { return h.state("web") == StateRunning })
+
+	fake.mu.Lock()
+	fake.Fail["/cg/bad"] = errors.New("no such cgroup")
+	fake.mu.Unlock()
+	if err := h.src.Put(pods.Pod{Name: "bad", Cgroup: "/cg/bad", ListenPort: freePort(t)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("bad failed", func() bool { return h.state("bad") == StateFailed })
+
+	if err := h.src.Remove("web"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("web gone", func() bool { return h.state("web") == "absent" })
+}

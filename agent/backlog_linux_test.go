@@ -17,6 +17,7 @@ func TestWaitAcceptedSeesTheQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	al := newAcceptListener(ln)
 	if n, ok := acceptQueue(ln); !ok || n != 0 {
 		t.Fatalf("empty queue: %d %v", n, ok)
 	}
@@ -32,20 +33,20 @@ func TestWaitAcceptedSeesTheQueue(t *testing.T) {
 	if n, ok := acceptQueue(ln); !ok || n != 3 {
 		t.Fatalf("queue %d %v, want 3 waiting connections", n, ok)
 	}
-	if waitAccepted([]net.Listener{ln}, 20*time.Millisecond) {
+	if waitAccepted([]*acceptListener{al}, 20*time.Millisecond) {
 		t.Fatal("waitAccepted returned with connections still queued")
 	}
 	go func() {
 		time.Sleep(30 * time.Millisecond)
 		for range 3 {
-			if c, err := ln.Accept(); err == nil {
+			if c, err := al.Accept(); err == nil {
 				defer c.Close()
 			}
 		}
 		time.Sleep(time.Second) // keep them open while the test looks
 	}()
 	start := time.Now()
-	if !waitAccepted([]net.Listener{ln}, 5*time.Second) {
+	if !waitAccepted([]*acceptListener{al}, 5*time.Second) {
 		t.Fatal("the queue never emptied")
 	}
 	if d := time.Since(start); d < 25*time.Millisecond {

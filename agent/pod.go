@@ -35,7 +35,7 @@ type podState struct {
 	listen []netip.AddrPort
 	srv    *proxy.Server
 	policy *podPolicy
-	lns    []net.Listener
+	lns    []*acceptListener // the pod's listeners, served by srv
 	traces *proxy.Traces
 	quota  *proxy.Quota
 	served sync.WaitGroup
@@ -108,12 +108,12 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s in %s: %w", l4, ps.ns.Path(), err)
 	}
-	lns := []net.Listener{ln4}
+	lns := []*acceptListener{newAcceptListener(ln4)}
 	ps.listen = []netip.AddrPort{addrPortOf(ln4.Addr())}
 	// IPv6 is optional: a namespace without ::1 (IPv6 disabled) gets
 	// IPv4 redirection only.
 	if ln6, err6 := ps.ns.Listen(ctx, "tcp6", l6.String()); err6 == nil {
-		lns = append(lns, ln6)
+		lns = append(lns, newAcceptListener(ln6))
 		ps.listen = append(ps.listen, addrPortOf(ln6.Addr()))
 	} else {
 		a.log.Warn("no IPv6 listener; IPv6 connects go direct", "pod", p.Name, "err", err6)
@@ -271,6 +271,9 @@ func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) 
 		}
 	}
 	if len(ps.lns) > 0 && ps.cgid != 0 {
+		// A pause with no event to wait on instead (see Config.Settle):
+		// connects that ran the hook before the detach may still be on
+		// their way to the listener.
 		time.Sleep(a.cfg.Settle)
 		// Connections redirected before the detach may still wait to be
 		// accepted (a busy machine); closing now would reset them.

@@ -358,7 +358,8 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Tim
 	}
 	q := c.s.cfg.Quota
 	var charge *spoolCharge
-	var r io.Reader = &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut}
+	g = &guard{c: c.c}
+	var r io.Reader = &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut, detached: &g.stop}
 	switch {
 	case cl < 0:
 		charge = &spoolCharge{r: r, q: q}
@@ -377,7 +378,7 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Tim
 		}
 		hold.file = true
 	}
-	g = &guard{r: r, c: c.c}
+	g.r = r
 	b, err = spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
 	if charge != nil {
 		// What was read is what the body holds; the rest of a one-shot
@@ -395,9 +396,11 @@ var errDetached = errors.New("request body detached from its connection")
 // detach, after which no read touches the connection's reader again (it is
 // reset and pooled when the connection ends).
 type guard struct {
-	r    io.Reader
-	c    net.Conn
-	mu   sync.Mutex
+	r  io.Reader
+	c  net.Conn
+	mu sync.Mutex
+	// stop is set by detach; the body's deadlineReader checks it after
+	// each deadline it sets.
 	stop atomic.Bool
 }
 
@@ -410,29 +413,31 @@ func (g *guard) Read(p []byte) (int, error) {
 	return g.r.Read(p)
 }
 
-// detach stops the reads: a read blocked on the client is interrupted by a
-// deadline in the past, and detach returns once no read is in progress.
+// detach stops the reads and returns once no read is in progress. A read
+// blocked on the client is interrupted by a deadline in the past: detach
+// sets stop and then that deadline, and the body's deadlineReader checks
+// stop after setting its own deadline, so whichever comes last is the
+// deadline in the past and the read ends at once (the pattern Shutdown's
+// cut uses). The read ends by that event; detach waits for it on the
+// guard's lock, not on a clock.
 func (g *guard) detach() {
 	g.stop.Store(true)
-	for range 5000 { // about 5 s at most
-		g.c.SetReadDeadline(time.Unix(1, 0))
-		if g.mu.TryLock() {
-			g.mu.Unlock()
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
+	g.c.SetReadDeadline(aLongTimeAgo)
+	g.mu.Lock()
+	g.mu.Unlock()
 }
 
 // deadlineReader gives each read of a request body ReadTimeout, and all of
 // them together the request's deadline (until). Once cut is set
-// (Shutdown's grace is over) its reads end at once.
+// (Shutdown's grace is over) or detached (the connection took its reader
+// back, see guard.detach) its reads end at once.
 type deadlineReader struct {
-	c     net.Conn
-	r     io.Reader
-	d     time.Duration
-	until time.Time
-	cut   *atomic.Bool
+	c        net.Conn
+	r        io.Reader
+	d        time.Duration
+	until    time.Time
+	cut      *atomic.Bool
+	detached *atomic.Bool
 }
 
 func (r *deadlineReader) Read(p []byte) (int, error) {
@@ -441,9 +446,10 @@ func (r *deadlineReader) Read(p []byte) (int, error) {
 		d = r.until
 	}
 	r.c.SetReadDeadline(d)
-	// Checked after the deadline is set: Shutdown sets cut and then a
-	// deadline in the past, so one of the two ends this read.
-	if r.cut.Load() {
+	// Checked after the deadline is set: Shutdown sets cut (detach sets
+	// detached) and then a deadline in the past, so one of the two ends
+	// this read.
+	if r.cut.Load() || r.detached.Load() {
 		r.c.SetReadDeadline(aLongTimeAgo)
 	}
 	return r.r.Read(p)

@@ -372,6 +372,9 @@ func (s *Server) Serve(l net.Listener) error {
 				s.cfg.Quota.fds.acceptFailed(err)
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.cfg.Logger.Warn("accept", "err", err, "retry_in", backoff)
+				// A backoff, not a wait on an event: descriptors free up
+				// anywhere in the process (or the system: ENFILE), and
+				// nothing tells of it.
 				time.Sleep(backoff)
 				continue
 			}

@@ -40,6 +40,9 @@ type witnessConn struct {
 	bornAt   uint64 // written when birth was taken
 	written  uint64 // bytes the socket accepted from us
 	writing  int
+	// drained, when set, is closed by the write that brings writing to
+	// zero: freeze waits on it for a write in flight.
+	drained chan struct{}
 	// fresh is a snapshot taken while nothing was in flight (at birth, or
 	// by the pool's check of the idle connection), with the witness that
 	// took it and written at that moment: the next request's "before"
@@ -194,6 +197,10 @@ func (c *witnessConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	c.writing--
 	c.written += uint64(max(n, 0))
+	if c.writing == 0 && c.drained != nil {
+		close(c.drained)
+		c.drained = nil
+	}
 	c.mu.Unlock()
 	if err != nil {
 		c.freeze()
@@ -216,6 +223,9 @@ func (c *witnessConn) Close() error {
 	return c.Conn.Close()
 }
 
+// freezeWait bounds how long freeze waits for a write in flight to return.
+const freezeWait = 100 * time.Millisecond
+
 // freeze stops all writes (they fail with errFrozen) and takes the final
 // snapshot once.
 func (c *witnessConn) freeze() {
@@ -228,12 +238,23 @@ func (c *witnessConn) freeze() {
 	if c.w == nil || c.raw == nil {
 		return
 	}
-	// A write already inside the kernel may still queue bytes: let it
-	// return (the connection is failing, so it will soon) before reading
-	// the counters. New writes are refused from now on.
-	for i := 0; c.writing > 0 && i < 100; i++ {
+	// A write already inside the kernel may still queue bytes: wait for
+	// it to return (the connection is failing, so it will soon) before
+	// reading the counters. New writes are refused from now on. The wait
+	// is bounded: a write blocked on a full send buffer of a peer that
+	// reads nothing returns only once the connection is closed, which may
+	// be what the caller of this freeze is about to do; past the bound the
+	// snapshot is given up (finalErr), never guessed.
+	if c.writing > 0 {
+		done := make(chan struct{})
+		c.drained = done
 		c.mu.Unlock()
-		time.Sleep(time.Millisecond)
+		t := time.NewTimer(freezeWait)
+		select {
+		case <-done:
+		case <-t.C:
+		}
+		t.Stop()
 		c.mu.Lock()
 	}
 	if c.writing > 0 {

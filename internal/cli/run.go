@@ -158,8 +158,12 @@ func runRun(c *cli.Context) error {
 			log.Error("agent", "err", err)
 		}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
+	// Wait for the pod to start (or fail), on the agent's word that its
+	// pods changed.
+	ready := time.NewTimer(10 * time.Second)
+	defer ready.Stop()
 	for {
+		changed := a.PodsChanged()
 		st, err := a.Pod("run")
 		if err == nil && st.State == agent.StateRunning {
 			break
@@ -167,10 +171,11 @@ func runRun(c *cli.Context) error {
 		if err == nil && st.State == agent.StateFailed {
 			return cli.Exit("egret could not put the command behind it: "+st.Error, 1)
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-changed:
+		case <-ready.C:
 			return cli.Exit("egret did not become ready in 10s", 1)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 
 	cmd := exec.Command(args[0], args[1:]...)
