@@ -128,7 +128,8 @@ func (c *cluster) agentPods(t testing.TB, p *corev1.Pod) (map[string]agent.PodSt
 	return out, nil
 }
 
-// waitBehindEgret waits until the agent lists every named pod
+// waitBehindEgret polls the agent's admin API (it has no stream of
+// changes to wait on) until the agent lists every named pod
 // (namespace/name) running (want true) or lists none of them (false).
 func (c *cluster) waitBehindEgret(t testing.TB, want bool, timeout time.Duration, names ...string) {
 	t.Helper()
@@ -300,7 +301,8 @@ func (c *cluster) loop(t testing.TB, podIP, what string) loopStats {
 	return s
 }
 
-// waitLoopViaEgret waits until the loop's answers come through egret
+// waitLoopViaEgret polls the loop's stats (it has no stream of changes to
+// wait on) until its answers come through egret
 // again (after since).
 func (c *cluster) waitLoopViaEgret(t testing.TB, podIP string, since time.Time, timeout time.Duration) loopStats {
 	t.Helper()

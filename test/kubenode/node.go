@@ -44,12 +44,15 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/agent/netns"
@@ -758,24 +761,40 @@ func RandName(prefix string) string {
 // the test after timeout with the pod's last status.
 func (n *Node) WaitPod(t testing.TB, ns, name string, timeout time.Duration, what string, ok func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// A watch of the one pod: woken by each change, not by a timer.
+	lw := cache.NewFilteredListWatchFromClient(n.Client.CoreV1().RESTClient(), "pods", ns,
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		})
 	var last *corev1.Pod
-	var lastErr error
-	for time.Now().Before(deadline) {
-		p, err := n.Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
-		if err == nil {
-			last = p
-			if ok(p) {
-				return p
-			}
-		} else if apierrors.IsNotFound(err) && ok(nil) {
-			return nil
+	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(store cache.Store) (bool, error) {
+		obj, exists, err := store.GetByKey(ns + "/" + name)
+		if err != nil {
+			return false, err
 		}
-		lastErr = err
-		time.Sleep(200 * time.Millisecond)
+		if !exists {
+			return ok(nil), nil
+		}
+		last = obj.(*corev1.Pod)
+		return ok(last), nil
+	}, func(e watch.Event) (bool, error) {
+		p, isPod := e.Object.(*corev1.Pod)
+		if !isPod {
+			return false, nil
+		}
+		if e.Type == watch.Deleted {
+			last = nil
+			return ok(nil), nil
+		}
+		last = p
+		return ok(p), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s: not %s after %v (last: %s, %v)", ns, name, what, timeout, describe(last), err)
 	}
-	t.Fatalf("pod %s/%s: not %s after %v (last: %s, %v)", ns, name, what, timeout, describe(last), lastErr)
-	return nil
+	return last
 }
 
 // PodReady reports whether p is Running with every container ready.

@@ -470,10 +470,13 @@ func (c *cluster) testRestarts(t *testing.T) {
 				isNew := k.do(t, c, ap, round)
 				nap := c.waitAgentReady(t, 3*time.Minute, isNew)
 				c.waitBehindEgret(t, true, 30*time.Second, c.ns+"/loop", c.ns+"/client")
-				s := c.waitLoopViaEgret(t, ip, time.Now(), 30*time.Second)
-				// Let the loop run through egret a moment, then read.
-				time.Sleep(200 * time.Millisecond)
-				s = c.loop(t, ip, "stats")
+				back := time.Now()
+				// Five more answers through egret, then read: the gap's
+				// run of direct answers is closed by then.
+				s := c.waitLoopViaEgret(t, ip, back, 30*time.Second)
+				for first := s.ViaEgret; s.ViaEgret < first+5; {
+					s = c.waitLoopViaEgret(t, ip, s.LastEgret, 30*time.Second)
+				}
 				gap := 0.0
 				for _, r := range s.DirectRuns {
 					if r.GapMS > gap {
