@@ -374,6 +374,8 @@ func TestLoadRemovesStateOfGoneCgroups(t *testing.T) {
 	cg := bpftest.NewCgroups(t)
 	oldSelf, gonePod, livePod := cg.Sub(t, "egret-old"), cg.Sub(t, "pod-gone"), cg.Sub(t, "pod-live")
 	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	// Whatever fails below, the pins go (a failed Load leaves them).
+	t.Cleanup(func() { os.RemoveAll(pin) })
 	l1, err := bpfload.Load(bpfload.Options{PinDir: pin})
 	if err != nil {
 		t.Fatal(err)
