@@ -6,21 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-func TestModVersion(t *testing.T) {
-	mod := []byte("module x\n\nrequire helm.sh/helm/v3 v3.22.0\n\nrequire (\n\tk8s.io/client-go v0.37.0 // indirect\n\tk8s.io/client-go-extra v0.1.0\n)\n\nreplace k8s.io/api => k8s.io/api v0.37.0\n")
-	for module, want := range map[string]string{
-		"helm.sh/helm/v3":  "v3.22.0",
-		"k8s.io/client-go": "v0.37.0",
-		"k8s.io/api":       "",
-		"k8s.io/kubectl":   "",
-	} {
-		if got := modVersion(mod, module); got != want {
-			t.Errorf("modVersion(%s) = %q, want %q", module, got, want)
-		}
-	}
-}
+	"github.com/egret-proxy/egret/internal/toolbuild"
+)
 
 // The flags stamp the helm version and the Kubernetes minor version the
 // tools module really requires.
@@ -33,7 +21,7 @@ func TestLdflagsFollowTheToolsModule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hv, kv := modVersion(mod, "helm.sh/helm/v3"), modVersion(mod, "k8s.io/client-go")
+	hv, kv := toolbuild.ModVersion(mod, "helm.sh/helm/v3"), toolbuild.ModVersion(mod, "k8s.io/client-go")
 	minor := strings.Split(kv, ".")[1]
 	for _, want := range []string{
 		"-X helm.sh/helm/v3/internal/version.version=" + hv,
@@ -58,7 +46,7 @@ func TestBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	mod, _ := os.ReadFile(filepath.Join(ToolsDir(), "go.mod"))
-	if want := modVersion(mod, "helm.sh/helm/v3"); string(out) != want {
+	if want := toolbuild.ModVersion(mod, "helm.sh/helm/v3"); string(out) != want {
 		t.Errorf("helm version %q, want %q", out, want)
 	}
 }
