@@ -284,6 +284,11 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 		return engine.PoolTimeout, StagePool
 	}
 	switch {
+	case timedOut && peerReset(err):
+		// The server's RST_STREAM or GOAWAY came back from RoundTrip,
+		// and the timer fired before we looked: only the peer writes
+		// those, so the peer ended the attempt, not our timer.
+		return engine.ConnectionReset, StageHeaders
 	case timedOut, errors.Is(err, errAttemptTimeout):
 		// The attempt's timer or the deadline ended it before a final
 		// response header: response_timeout, even when part of an answer
@@ -299,6 +304,15 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 		return engine.ConnectionReset, StageWrite
 	}
 	return engine.ConnectionReset, StageHeaders
+}
+
+// peerReset reports whether err is an HTTP/2 stream reset or GOAWAY the
+// server sent. Our own cancellation never produces one: x/net/http2 ends a
+// cancelled stream with the context's error.
+func peerReset(err error) bool {
+	var se http2.StreamError
+	var ge http2.GoAwayError
+	return errors.As(err, &se) && se.Code != http2.ErrCodeCancel || errors.As(err, &ge)
 }
 
 func dialCategory(err error, timedOut bool) (engine.Category, Stage) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/witness"
+	"golang.org/x/net/http2"
 )
 
 // stallWitness holds its first snapshot (the one the attempt timer takes
@@ -135,5 +136,47 @@ func TestResponseRacingTheAttemptTimer(t *testing.T) {
 	}
 	if len(traces) != 1 || len(traces[0].Attempts) != 1 || traces[0].Attempts[0].Failure != engine.ResponseTimeout {
 		t.Fatalf("traces %+v; want one attempt ended response_timeout", traces)
+	}
+}
+
+// peerResetBase answers like x/net/http2 when the server resets the stream
+// after reading the request, but only once the attempt's timer has fired:
+// the order a loaded machine produces, where RoundTrip's error is looked at
+// after the timer. (The truth suite met it in CI: 504 for a 502.)
+type peerResetBase struct{ conn net.Conn }
+
+func (b peerResetBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	if ct := httptrace.ContextClientTrace(req.Context()); ct != nil {
+		ct.GotConn(httptrace.GotConnInfo{Conn: b.conn})
+		ct.WroteHeaders()
+		ct.WroteRequest(httptrace.WroteRequestInfo{})
+	}
+	<-req.Context().Done()
+	return nil, http2.StreamError{StreamID: 1, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}
+}
+
+func TestPeerResetSeenAfterTheTimerIsAReset(t *testing.T) {
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	var traces []*Trace
+	tr := &Transport{
+		Base: peerResetBase{conn: c1},
+		Policy: func(*http.Request) Policy {
+			p := DefaultPolicy("")
+			p.MaxAttempts = 1
+			p.AttemptTimeout = 20 * time.Millisecond
+			return p
+		},
+		OnTrace: func(tc *Trace) { traces = append(traces, tc) },
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://upstream.test/", nil)
+	_, err := tr.RoundTrip(req)
+	var a *AmbiguousError
+	if !errors.As(err, &a) || a.Status != http.StatusBadGateway {
+		t.Fatalf("err %v; want ambiguous 502", err)
+	}
+	if len(traces) != 1 || traces[0].Attempts[0].Failure != engine.ConnectionReset {
+		t.Fatalf("traces %+v; want one attempt ended connection_reset", traces[0].Attempts)
 	}
 }
