@@ -53,7 +53,7 @@ func agentCommand() *cli.Command {
 			&cli.UintFlag{Name: "listen-port", Value: agent.DefaultListenPort, Usage: "`PORT` of each pod's listeners on 127.0.0.1 and ::1 in its namespace"},
 			&cli.StringFlag{Name: "cgroup", Usage: "egret's own cgroup v2 `DIR` (default: the current one if the agent is alone in it and it is not the root, else " + agent.DefaultSelfCgroup + " for the default --pin-dir and egret-agent-NAME-HASH beside it for another)"},
 			&cli.StringFlag{Name: "admin", Value: agent.DefaultAdminSocket, Usage: "unix `SOCKET` of the admin API (\"\" for none)"},
-			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
+			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, the probes /healthz and /readyz, and the node page / on `ADDR` (default: off)"},
 			pprofFlag,
 			heapFloorFlag,
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "how long in-flight requests may take on shutdown"},
@@ -249,7 +249,7 @@ func runAgent(c *cli.Context) error {
 		}()
 	}
 	if addr := c.String("metrics"); addr != "" {
-		ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"), a.Ready)
+		ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"), a.Ready, nodePage(a))
 		if err != nil {
 			l.Close()
 			return err

@@ -114,9 +114,10 @@ const (
 )
 
 // serveMetrics serves reg's /metrics on addr until the returned server is
-// closed, HealthPath and ReadyPath (ready nil: always ready), and Go's
-// profiles under /debug/pprof/ when withPprof is set.
-func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPprof bool, ready func() error) (*http.Server, error) {
+// closed, HealthPath and ReadyPath (ready nil: always ready), Go's
+// profiles under /debug/pprof/ when withPprof is set, and page (the node
+// page, nil: none) on every other path.
+func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPprof bool, ready func() error, page http.Handler) (*http.Server, error) {
 	mln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, cli.Exit("--metrics: "+err.Error(), 1)
@@ -143,11 +144,17 @@ func serveMetrics(addr string, reg prometheus.Gatherer, log *slog.Logger, withPp
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		log.Info("egret profiles", "addr", mln.Addr().String(), "path", "/debug/pprof/")
 	}
+	if page != nil {
+		mux.Handle("/", page)
+	}
 	// Addr is the address bound (Serve ignores it): what a proxy must
 	// not let its clients reach.
 	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, Addr: mln.Addr().String()}
 	go ms.Serve(mln)
 	log.Info("egret metrics", "addr", mln.Addr().String(), "path", "/metrics")
+	if page != nil {
+		log.Info("egret node page", "url", "http://"+mln.Addr().String()+"/")
+	}
 	return ms, nil
 }
 

@@ -38,7 +38,7 @@ func proxyCommand() *cli.Command {
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:15001", Usage: "address to listen on (loopback unless --allow-remote)"},
 			&cli.BoolFlag{Name: "allow-remote", Usage: "allow a non-loopback --listen or --metrics address (an open proxy to whoever reaches it)"},
 			&cli.StringFlag{Name: "policy", Usage: "policy `FILE` (watched and reloaded on change; default: the embedded defaults)"},
-			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, and the probes /healthz and /readyz, on `ADDR` (default: off)"},
+			&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus /metrics, the probes /healthz and /readyz, and the node page / on `ADDR` (default: off)"},
 			&cli.StringFlag{Name: "admin", Usage: "serve the admin API on unix `SOCKET`, as the agent does: egret status, upstreams and explain --admin SOCKET ask it (default: off)"},
 			pprofFlag,
 			heapFloorFlag,
@@ -144,6 +144,7 @@ func runProxy(c *cli.Context) error {
 	var ready atomic.Pointer[proxy.Server] // set once the proxy is made
 	var ms *http.Server
 	var protect []string
+	var page lateHandler // the node page, once the server is made
 	if metricsAddr != "" {
 		isReady := func() error {
 			if s := ready.Load(); s == nil || s.Draining() {
@@ -151,7 +152,7 @@ func runProxy(c *cli.Context) error {
 			}
 			return nil
 		}
-		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), isReady); err != nil {
+		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), isReady, &page); err != nil {
 			return err
 		}
 		defer ms.Close()
@@ -190,14 +191,15 @@ func runProxy(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
+	st := &agent.Standalone{Server: srv, Budgets: budgets, Status: agent.ProxyStatus{
+		Mode: "explicit", Listen: ln.Addr().String(), Policy: policyName, Started: time.Now()}}
+	page.set(nodePage(st))
 	if sock := c.String("admin"); sock != "" {
-		src := &agent.Standalone{Server: srv, Budgets: budgets, Status: agent.ProxyStatus{
-			Mode: "explicit", Listen: ln.Addr().String(), Policy: policyName, Started: time.Now()}}
 		actx, stopAdmin := context.WithCancel(context.Background())
 		adminDone := make(chan struct{})
 		go func() {
 			defer close(adminDone)
-			if err := agent.ServeAdminHandler(actx, sock, agent.AdminHandler(src)); err != nil {
+			if err := agent.ServeAdminHandler(actx, sock, agent.AdminHandler(st)); err != nil {
 				log.Error("admin API", "err", err)
 			}
 		}()

@@ -1,0 +1,144 @@
+// egret's node page. Builds every node with createElement and
+// textContent: nothing the server sends is parsed as HTML.
+"use strict";
+
+const POLL_MS = 1000;
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function rate(v) {
+  if (!v) return "0";
+  return v >= 10 ? v.toFixed(0) : v.toFixed(1);
+}
+
+function fill(tbody, rows, columns, empty) {
+  const frag = document.createDocumentFragment();
+  if (rows.length === 0) {
+    const tr = el("tr");
+    const td = el("td", empty, "empty");
+    td.colSpan = columns;
+    tr.appendChild(td);
+    frag.appendChild(tr);
+  }
+  for (const cells of rows) {
+    const tr = el("tr");
+    for (const c of cells) tr.appendChild(c);
+    frag.appendChild(tr);
+  }
+  tbody.replaceChildren(frag);
+}
+
+function num(v, hot) {
+  return el("td", v, hot ? "n hot" : "n");
+}
+
+function rateCells(r) {
+  return [num(rate(r.requests)), num(rate(r.retries)), num(rate(r.ambiguous), r.ambiguous > 0),
+    num(rate(r.not_sent), r.not_sent > 0), num(rate(r.failed), r.failed > 0)];
+}
+
+function countCells(c) {
+  return [num(c.requests), num(c.retries), num(c.ambiguous, c.ambiguous > 0), num(c.not_sent, c.not_sent > 0),
+    num(c.failed, c.failed > 0)];
+}
+
+function render(s) {
+  document.getElementById("window").textContent = s.window_seconds ? s.window_seconds.toFixed(1) : "–";
+  fill(document.querySelector("#pods tbody"), s.pods.map(p => [
+    el("td", p.namespace), el("td", p.pod), el("td", p.workload || "–"), el("td", p.state || "gone"),
+    ...rateCells(p.rates), ...countCells(p.counts),
+  ]), 14, "no pods");
+  fill(document.querySelector("#upstreams tbody"), s.upstreams.map(u => [
+    el("td", u.upstream), ...rateCells(u.rates), ...countCells(u.counts), num(u.counts.budget_denied, u.counts.budget_denied > 0),
+    num(u.budget_tokens === null ? "–" : u.budget_tokens.toFixed(1), u.budget_tokens !== null && u.budget_tokens < 1),
+  ]), 13, "no upstreams yet");
+  fill(document.querySelector("#recent tbody"), s.recent.map(r => {
+    const link = el("a", r.id);
+    link.href = "/explain/" + encodeURIComponent(r.id);
+    const id = el("td");
+    id.appendChild(link);
+    return [el("td", new Date(r.time).toLocaleTimeString()), id, el("td", r.pod || "–"), el("td", r.upstream),
+      el("td", r.method), el("td", r.outcome, "outcome-" + r.outcome), el("td", r.reason)];
+  }), 7, "none held");
+}
+
+function setStatus(text, down) {
+  const st = document.getElementById("status");
+  st.textContent = text;
+  st.classList.toggle("down", !!down);
+}
+
+async function poll() {
+  try {
+    const resp = await fetch("/api/summary", { cache: "no-store" });
+    if (!resp.ok) throw new Error("HTTP " + resp.status);
+    const s = await resp.json();
+    render(s);
+    setStatus("live · updated " + new Date(s.time).toLocaleTimeString());
+  } catch (e) {
+    setStatus("not updating: " + e.message, true);
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+function verdict(v) {
+  switch (v.outcome) {
+    case "ambiguous":
+      return "egret could not prove the upstream did not run this request, so it did not retry it and told the client so (Egret-Outcome: ambiguous).";
+    case "not-sent":
+      return "Nothing of this request reached the upstream (proven), and no retry was allowed to answer it.";
+    case "failed":
+      return "The request failed and egret could not answer it with a response.";
+    default:
+      return "The upstream's response was relayed as it was.";
+  }
+}
+
+function witness(w) {
+  if (!w) return "–";
+  const f = x => (x === null || x === undefined ? "?" : x);
+  return w.source + ": sent " + f(w.bytes_sent) + " B, acked " + w.bytes_acked + " B, retransmits " + w.retransmits +
+    (w.reset_received ? ", reset" : "");
+}
+
+async function explain() {
+  const id = decodeURIComponent(location.pathname.split("/").pop());
+  try {
+    const resp = await fetch("/api/explain/" + encodeURIComponent(id), { cache: "no-store" });
+    const v = await resp.json();
+    if (!resp.ok) throw new Error(v.error || "HTTP " + resp.status);
+    document.getElementById("headline").textContent = "Request " + v.request_id + ": " + v.outcome + " after " +
+      v.attempts.length + " attempt" + (v.attempts.length === 1 ? "" : "s");
+    document.getElementById("verdict").textContent = verdict(v);
+    const dl = document.getElementById("request");
+    const items = [["Pod", v.pod || "–"], ["Method", v.method], ["URL", v.url], ["Upstream", v.upstream],
+      ["Idempotent", v.idempotent ? "yes" : "no"], ["Body", v.body], ["Started", new Date(v.start).toLocaleString()],
+      ["Outcome", v.outcome]];
+    const frag = document.createDocumentFragment();
+    for (const [k, val] of items) {
+      frag.appendChild(el("dt", k));
+      frag.appendChild(el("dd", val));
+    }
+    dl.replaceChildren(frag);
+    fill(document.querySelector("#attempts tbody"), v.attempts.map(a => [
+      num(a.n), num(a.duration_ms.toFixed(1)), el("td", a.stage), el("td", a.failure), num(a.status || "–"),
+      el("td", a.evidence + (a.upgraded ? " (upgraded by the witness)" : "")), el("td", a.decision), el("td", a.reason),
+      num(a.budget === null ? "–" : a.budget.toFixed(1)), num(a.wait_ms ? a.wait_ms.toFixed(1) : "–"),
+      el("td", witness(a.witness_after)), el("td", a.error || "", "err"),
+    ]), 12, "no attempts");
+    setStatus("");
+  } catch (e) {
+    setStatus("cannot explain " + id + ": " + e.message, true);
+  }
+}
+
+if (document.body.dataset.page === "explain") {
+  explain();
+} else {
+  poll();
+}
