@@ -23,7 +23,7 @@ func App() *cli.App {
 		agentCommand(), runCommand(),
 		// The agent's admin calls (status, pods, upstreams, explain)
 		// stand at the top as well as under `egret agent`.
-	}, append(adminCommands(), versionCommand())...)
+	}, append(adminCommands(), topCommand(), versionCommand())...)
 	withManners(cmds, "egret")
 	app := &cli.App{
 		Name:     "egret",

@@ -166,6 +166,20 @@ func (tr *traffic) do(method, u, id, fault string) {
 	tr.mu.Unlock()
 }
 
+// waitRounds waits until n more rounds of requests were answered.
+func (tr *traffic) waitRounds(n int64) {
+	until := tr.rounds.Load() + n
+	for {
+		tr.mu.Lock()
+		ch := tr.changed
+		tr.mu.Unlock()
+		if tr.rounds.Load() >= until {
+			return
+		}
+		<-ch
+	}
+}
+
 // gave waits until the client got request id answered with outcome
 // (the page may list it a moment before the client has read its answer);
 // false if ctx ends first.

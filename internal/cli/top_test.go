@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/egret-proxy/egret/agent"
+)
+
+// openPTY opens a pseudo-terminal pair: the controller, which the test
+// reads, and the terminal, a process's stdout.
+func openPTY(t *testing.T) (ctl, term *os.File) {
+	t.Helper()
+	ctl, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("pty: %v", err)
+	}
+	if err := unix.IoctlSetPointerInt(int(ctl.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatalf("unlock pty: %v", err)
+	}
+	n, err := unix.IoctlGetInt(int(ctl.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatalf("pty number: %v", err)
+	}
+	term, err = os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("open pty: %v", err)
+	}
+	t.Cleanup(func() { ctl.Close(); term.Close() })
+	return ctl, term
+}
+
+// upstreamRow finds an upstream's row of egret top's table: its
+// requests count and its budget column.
+func upstreamRow(table, upstream string) (requests int, budget string, ok bool) {
+	for _, l := range strings.Split(table, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 11 && f[0] == upstream {
+			n, err := strconv.Atoi(f[6])
+			return n, f[10], err == nil
+		}
+	}
+	return 0, "", false
+}
+
+// TestTopAgainstProxy: egret top against a real egret proxy under real
+// traffic: --once prints the upstreams' rows (requests, retries,
+// ambiguous, not-sent, budget), --sort orders them, -o json is the
+// summary, and on a terminal it redraws in place with counts that grow,
+// until SIGINT.
+func TestTopAgainstProxy(t *testing.T) {
+	bin := buildEgret(t)
+	p := startLiveProxy(t)
+	tr := startTraffic(t, p.addr)
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(bin, append([]string{"top", "--admin", p.sock}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("egret top %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	// -o json: the summary; wait (on the proxy's answers, each a real
+	// request) until every kind of request was counted.
+	var s agent.Summary
+	for {
+		if err := json.Unmarshal([]byte(run("--once", "-o", "json")), &s); err != nil {
+			t.Fatal(err)
+		}
+		byName := map[string]agent.UpstreamSummary{}
+		for _, u := range s.Upstreams {
+			byName[u.Upstream] = u
+		}
+		l, c := byName[tr.ledger], byName[tr.closed]
+		if l.Counts.Retries > 0 && l.Counts.Ambiguous > 0 && c.Counts.NotSent > 0 && s.WindowSeconds > 0 {
+			if l.BudgetTokens == nil || c.BudgetTokens == nil {
+				t.Fatalf("no budget in the summary: %+v", s.Upstreams)
+			}
+			break
+		}
+		tr.waitRounds(10) // a quarter second of traffic more
+	}
+
+	once := run("--once", "--sort", "not-sent")
+	t.Logf("egret top --once --sort not-sent:\n%s", once)
+	if strings.Contains(once, "\x1b[") {
+		t.Fatalf("--once to a pipe has escape sequences: %q", once)
+	}
+	lines := strings.Split(once, "\n")
+	var order []string
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) == 11 && (f[0] == tr.ledger || f[0] == tr.closed) {
+			order = append(order, f[0])
+		}
+	}
+	if len(order) != 2 || order[0] != tr.closed {
+		t.Fatalf("--sort not-sent: rows %q, want the closed port's (all not-sent) first", order)
+	}
+	if n, budget, ok := upstreamRow(once, tr.ledger); !ok || n == 0 || budget == "-" {
+		t.Fatalf("ledger's row: requests %d budget %q", n, budget)
+	}
+	if out, err := exec.Command(bin, "top", "--admin", p.sock, "--sort", "bogus").CombinedOutput(); err == nil || !strings.Contains(string(out), "--sort bogus: expected one of requests") {
+		t.Fatalf("--sort bogus: %v %s", err, out)
+	}
+	if out, err := exec.Command(bin, "top", "--admin", p.sock, "-o", "json").CombinedOutput(); err == nil || !strings.Contains(string(out), "-o json needs --once") {
+		t.Fatalf("-o json without --once: %v %s", err, out)
+	}
+
+	// Live, on a terminal: each refresh homes and clears the screen and
+	// draws the table again, the ledger's requests growing.
+	ctl, term := openPTY(t)
+	cmd := exec.Command(bin, "top", "--admin", p.sock, "--interval", "200ms")
+	cmd.Stdout, cmd.Stderr = term, term
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	term.Close()
+	screens := make(chan string, 64)
+	go func() {
+		defer close(screens)
+		r := bufio.NewReader(ctl)
+		var cur strings.Builder
+		for {
+			b, err := r.ReadByte()
+			if err != nil {
+				return
+			}
+			cur.WriteByte(b)
+			if s := cur.String(); strings.HasSuffix(s, "\x1b[H\x1b[2J") {
+				if prev := strings.TrimSuffix(s, "\x1b[H\x1b[2J"); prev != "" {
+					screens <- prev
+				}
+				cur.Reset()
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first, grown := -1, false
+	for n := 0; !grown; n++ {
+		select {
+		case sc, ok := <-screens:
+			if !ok {
+				t.Fatal("egret top ended")
+			}
+			reqs, _, ok := upstreamRow(strings.ReplaceAll(sc, "\r", ""), tr.ledger)
+			switch {
+			case !ok:
+			case first < 0:
+				first = reqs
+			case reqs > first:
+				t.Logf("on a terminal: redrawn %d times, ledger's requests %d then %d", n+1, first, reqs)
+				grown = true
+			}
+		case <-ctx.Done():
+			t.Fatalf("egret top on a terminal: the ledger's requests did not grow (first %d)", first)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("egret top after SIGINT: %v, want exit 0", err)
+	}
+}
