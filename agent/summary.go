@@ -8,7 +8,6 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
-	"github.com/egret-proxy/egret/retry"
 )
 
 // Summary is what the node is doing now, by pod and by upstream (GET
@@ -255,13 +254,10 @@ func ratesOf(now, was Counts, dt float64) Rates {
 	}
 }
 
-// recentOf appends to out the ambiguous and not-sent requests of traces,
-// of pod.
-func recentOf(out []RecentRequest, pod string, traces []retry.Trace) []RecentRequest {
-	for _, tr := range traces {
-		if tr.Outcome != engine.OutcomeAmbiguous && tr.Outcome != engine.OutcomeNotSent {
-			continue
-		}
+// recentOf appends to out the latest ambiguous and not-sent requests of
+// traces, of pod.
+func recentOf(out []RecentRequest, pod string, traces *proxy.Traces) []RecentRequest {
+	for _, tr := range traces.Latest(RecentLimit, engine.OutcomeAmbiguous, engine.OutcomeNotSent) {
 		reason := "none"
 		if n := len(tr.Attempts); n > 0 {
 			if r := tr.Attempts[n-1].Decision.Reason.String(); r != "" {
@@ -286,15 +282,24 @@ func newestFirst(rs []RecentRequest) []RecentRequest {
 // SummaryParts implements SummarySource.
 func (a *Agent) SummaryParts() SummaryParts {
 	var p SummaryParts
+	type podTraces struct {
+		name   string
+		traces *proxy.Traces
+	}
+	var stores []podTraces
 	a.mu.Lock()
 	for _, ps := range a.pods {
 		p.Pods = append(p.Pods, PodSummary{Namespace: ps.pod.Namespace(), Pod: ps.pod.ShortName(),
 			Workload: ps.pod.Workload, State: ps.state})
 		if ps.traces != nil {
-			p.Recent = recentOf(p.Recent, ps.pod.Name, ps.traces.Recent(0))
+			stores = append(stores, podTraces{ps.pod.Name, ps.traces})
 		}
 	}
 	a.mu.Unlock()
+	// Read outside the agent's lock: pods' events do not wait for it.
+	for _, s := range stores {
+		p.Recent = recentOf(p.Recent, s.name, s.traces)
+	}
 	p.Recent = newestFirst(p.Recent)
 	p.Counts = a.pmetrics.WorkloadCounts()
 	p.Budgets = a.Upstreams()
@@ -304,7 +309,7 @@ func (a *Agent) SummaryParts() SummaryParts {
 // SummaryParts implements SummarySource.
 func (s *Standalone) SummaryParts() SummaryParts {
 	return SummaryParts{
-		Recent:  newestFirst(recentOf(nil, "", s.Server.Traces().Recent(0))),
+		Recent:  newestFirst(recentOf(nil, "", s.Server.Traces())),
 		Counts:  s.Server.Metrics().WorkloadCounts(),
 		Budgets: s.Upstreams(),
 	}

@@ -120,22 +120,3 @@ func (t *Traces) Len() int {
 	defer t.mu.Unlock()
 	return len(t.ring)
 }
-
-// Recent returns copies of the last n traces stored (all of them if n <= 0
-// or more than are held), the newest last.
-func (t *Traces) Recent(n int) []retry.Trace {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	held := len(t.ring)
-	if n <= 0 || n > held {
-		n = held
-	}
-	out := make([]retry.Trace, 0, n)
-	// When full, the oldest is at next; before, at 0 (next stays 0).
-	for k := held - n; k < held; k++ {
-		c := t.ring[(t.next+k)%held]
-		c.Attempts = append([]retry.Attempt(nil), c.Attempts...)
-		out = append(out, c)
-	}
-	return out
-}
