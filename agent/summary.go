@@ -20,6 +20,9 @@ type Summary struct {
 	WindowSeconds float64           `json:"window_seconds"`
 	Pods          []PodSummary      `json:"pods"`
 	Upstreams     []UpstreamSummary `json:"upstreams"`
+	// Flows are the pairs of a pod and an upstream it sent to: which pod
+	// gets which answers from which upstream.
+	Flows []FlowSummary `json:"flows"`
 	// Recent are the latest ambiguous and not-sent requests still held
 	// for explain, newest first (at most RecentLimit).
 	Recent []RecentRequest `json:"recent"`
@@ -66,6 +69,15 @@ type UpstreamSummary struct {
 	// BudgetTokens: the retries its node-wide budget allows now; null
 	// when it has none in use (idle past its TTL, or "other").
 	BudgetTokens *float64 `json:"budget_tokens"`
+}
+
+// FlowSummary is one pod's row for one upstream.
+type FlowSummary struct {
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	Upstream  string `json:"upstream"`
+	Counts    Counts `json:"counts"`
+	Rates     Rates  `json:"rates"`
 }
 
 // RecentRequest is an ambiguous or not-sent request: enough to find it
@@ -120,10 +132,13 @@ type Summarizer struct {
 type rateSample struct {
 	at        time.Time
 	pods      map[podKey]Counts
+	flows     map[flowKey]Counts
 	upstreams map[string]Counts
 }
 
 type podKey struct{ ns, pod string }
+
+type flowKey struct{ ns, pod, upstream string }
 
 // NewSummarizer returns a Summarizer of src.
 func NewSummarizer(src SummarySource) *Summarizer { return &Summarizer{src: src} }
@@ -132,7 +147,7 @@ func NewSummarizer(src SummarySource) *Summarizer { return &Summarizer{src: src}
 // places them among the samples).
 func (s *Summarizer) Summary(now time.Time) Summary {
 	parts := s.src.SummaryParts()
-	out := Summary{Time: now, Pods: []PodSummary{}, Upstreams: []UpstreamSummary{}, Recent: parts.Recent}
+	out := Summary{Time: now, Pods: []PodSummary{}, Upstreams: []UpstreamSummary{}, Flows: []FlowSummary{}, Recent: parts.Recent}
 	if out.Recent == nil {
 		out.Recent = []RecentRequest{}
 	}
@@ -142,6 +157,7 @@ func (s *Summarizer) Summary(now time.Time) Summary {
 		pods[podKey{p.Namespace, p.Pod}] = &p
 	}
 	ups := map[string]*UpstreamSummary{}
+	flows := map[flowKey]*FlowSummary{}
 	for _, c := range parts.Counts {
 		if c.Source.Pod != "" {
 			k := podKey{c.Source.Namespace, c.Source.Pod}
@@ -151,6 +167,13 @@ func (s *Summarizer) Summary(now time.Time) Summary {
 				pods[k] = p
 			}
 			p.Counts.add(c)
+			fk := flowKey{k.ns, k.pod, c.Upstream}
+			f := flows[fk]
+			if f == nil {
+				f = &FlowSummary{Namespace: k.ns, Pod: k.pod, Upstream: c.Upstream}
+				flows[fk] = f
+			}
+			f.Counts.add(c)
 		}
 		u := ups[c.Upstream]
 		if u == nil {
@@ -169,7 +192,11 @@ func (s *Summarizer) Summary(now time.Time) Summary {
 		u.BudgetTokens = &t
 	}
 
-	cur := rateSample{at: now, pods: make(map[podKey]Counts, len(pods)), upstreams: make(map[string]Counts, len(ups))}
+	cur := rateSample{at: now, pods: make(map[podKey]Counts, len(pods)), upstreams: make(map[string]Counts, len(ups)),
+		flows: make(map[flowKey]Counts, len(flows))}
+	for k, f := range flows {
+		cur.flows[k] = f.Counts
+	}
 	for k, p := range pods {
 		cur.pods[k] = p.Counts
 	}
@@ -186,6 +213,9 @@ func (s *Summarizer) Summary(now time.Time) Summary {
 		for k, u := range ups {
 			u.Rates = ratesOf(u.Counts, base.upstreams[k], dt)
 		}
+		for k, f := range flows {
+			f.Rates = ratesOf(f.Counts, base.flows[k], dt)
+		}
 	}
 	for _, p := range pods {
 		out.Pods = append(out.Pods, *p)
@@ -199,6 +229,19 @@ func (s *Summarizer) Summary(now time.Time) Summary {
 			return a.Namespace < b.Namespace
 		}
 		return a.Pod < b.Pod
+	})
+	for _, f := range flows {
+		out.Flows = append(out.Flows, *f)
+	}
+	sort.Slice(out.Flows, func(i, j int) bool {
+		a, b := out.Flows[i], out.Flows[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		if a.Pod != b.Pod {
+			return a.Pod < b.Pod
+		}
+		return a.Upstream < b.Upstream
 	})
 	sort.Slice(out.Upstreams, func(i, j int) bool { return out.Upstreams[i].Upstream < out.Upstreams[j].Upstream })
 	return out

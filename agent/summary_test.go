@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +85,14 @@ func TestSummarizerCountsAndRates(t *testing.T) {
 	if st := up["stock"]; st.Counts.Ambiguous != 2 || st.BudgetTokens != nil {
 		t.Fatalf("stock (no budget in use): %+v", st)
 	}
+	// Which pod got what from which upstream.
+	var flows []string
+	for _, f := range s.Flows {
+		flows = append(flows, fmt.Sprintf("%s/%s>%s:%d/%d/%d", f.Namespace, f.Pod, f.Upstream, f.Counts.Requests, f.Counts.Retries, f.Counts.Ambiguous))
+	}
+	if got, want := strings.Join(flows, " "), "shop/web>orders:4/0/0 shop/web>stock:2/0/2 shop/worker>orders:3/3/0"; got != want {
+		t.Fatalf("flows %q, want %q", got, want)
+	}
 
 	// 10 more requests of web to orders over 2 s: 5/s.
 	now = t0.Add(2 * time.Second)
@@ -109,6 +119,11 @@ func TestSummarizerCountsAndRates(t *testing.T) {
 	for _, p := range s.Pods {
 		if p.Pod == "web" && p.Rates.NotSent != 5.0/9 {
 			t.Fatalf("web after 11 s: %+v", p.Rates)
+		}
+	}
+	for _, f := range s.Flows {
+		if f.Pod == "web" && f.Upstream == "stock" && f.Rates.NotSent != 5.0/9 {
+			t.Fatalf("web to stock after 11 s: %+v", f.Rates)
 		}
 	}
 }

@@ -117,6 +117,26 @@ func TestNodePageTwoPods(t *testing.T) {
 	if err := page.Eval(ctx, podCell("worker", 12), &noAmb); err != nil || noAmb != "0" {
 		t.Errorf("worker's ambiguous on the page: %q %v, want 0", noAmb, err)
 	}
+	// Which pod got what from which upstream: web's ambiguous answers
+	// came from orders, worker's retries from stock; worker never sent
+	// to orders.
+	flowCell := func(pod, upstream string, col int) string {
+		return fmt.Sprintf(`(() => { for (const r of document.querySelectorAll("#flows tbody tr")) { const c = r.cells;
+  if (c.length > %d && c[0].innerText.trim() === %q && c[1].innerText.trim() === %q) return c[%d].innerText.trim(); } return null; })()`,
+			col-1, pod, upstream, col-1)
+	}
+	var webOrders, workerStock string
+	if err := page.WaitFor(ctx, fmt.Sprintf(`(+%s > 0) && %s`, flowCell("shop/web", orders.String(), 10), flowCell("shop/web", orders.String(), 10)), &webOrders); err != nil {
+		t.Fatal(err)
+	}
+	if err := page.WaitFor(ctx, fmt.Sprintf(`(+%s > 0) && %s`, flowCell("shop/worker", stock.String(), 9), flowCell("shop/worker", stock.String(), 9)), &workerStock); err != nil {
+		t.Fatal(err)
+	}
+	var none any
+	if err := page.Eval(ctx, flowCell("shop/worker", orders.String(), 8), &none); err != nil || none != nil {
+		t.Errorf("a row for worker to orders: %v %v", none, err)
+	}
+	t.Logf("pods by upstream: web from orders %s ambiguous, worker from stock %s retries", webOrders, workerStock)
 	// Both upstreams have rows.
 	for _, u := range []string{orders.String(), stock.String()} {
 		if err := page.WaitFor(ctx, fmt.Sprintf(`Array.from(document.querySelectorAll("#upstreams tbody tr"), r => r.cells[0].innerText).includes(%q)`, u), nil); err != nil {

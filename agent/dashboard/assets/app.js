@@ -57,6 +57,9 @@ function render(s) {
     el("td", u.upstream), ...rateCells(u.rates), ...countCells(u.counts), num(u.counts.budget_denied, u.counts.budget_denied > 0),
     num(u.budget_tokens === null ? "–" : u.budget_tokens.toFixed(1), u.budget_tokens !== null && u.budget_tokens < 1),
   ]), 13, "no upstreams yet");
+  fill(document.querySelector("#flows tbody"), s.flows.map(f => [
+    el("td", f.namespace ? f.namespace + "/" + f.pod : f.pod), el("td", f.upstream), ...rateCells(f.rates), ...countCells(f.counts),
+  ]), 12, "none");
   fill(document.querySelector("#recent tbody"), s.recent.map(r => {
     const link = el("a", r.id);
     link.href = "/explain/" + encodeURIComponent(r.id);
