@@ -190,6 +190,16 @@ func writeTop(w io.Writer, s agent.Summary, by, sock string) error {
 		}
 		return a.Upstream < b.Upstream
 	})
+	flows := append([]agent.FlowSummary(nil), s.Flows...)
+	sort.SliceStable(flows, func(i, j int) bool {
+		a, b := flows[i], flows[j]
+		if by != "name" && by != "budget" {
+			if x, y := rateOf(a.Rates, by), rateOf(b.Rates, by); x != y {
+				return x > y
+			}
+		}
+		return a.Namespace+"/"+a.Pod+" "+a.Upstream < b.Namespace+"/"+b.Pod+" "+b.Upstream
+	})
 	window := "rates need two samples a second apart"
 	if s.WindowSeconds > 0 {
 		window = fmt.Sprintf("rates /s over %.1fs", s.WindowSeconds)
@@ -206,6 +216,14 @@ func writeTop(w io.Writer, s agent.Summary, by, sock string) error {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s%d\t%d\t%d\t%d\n", name, orDash(p.Workload), rateCols(p.Rates),
 				p.Counts.Requests, p.Counts.Retries, p.Counts.Ambiguous, p.Counts.NotSent)
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(flows) > 0 {
+		fmt.Fprintln(tw, "POD\tUPSTREAM\tREQ/S\tRETRY/S\tAMBIG/S\tNOTSENT/S\tFAILED/S\tREQUESTS\tRETRIES\tAMBIGUOUS\tNOT-SENT")
+		for _, f := range flows {
+			fmt.Fprintf(tw, "%s/%s\t%s\t%s%d\t%d\t%d\t%d\n", f.Namespace, f.Pod, f.Upstream, rateCols(f.Rates),
+				f.Counts.Requests, f.Counts.Retries, f.Counts.Ambiguous, f.Counts.NotSent)
 		}
 		fmt.Fprintln(tw)
 	}

@@ -172,3 +172,54 @@ func TestTopAgainstProxy(t *testing.T) {
 		t.Fatalf("egret top after SIGINT: %v, want exit 0", err)
 	}
 }
+
+// The tables of a node with pods: pods, each pod by upstream, upstreams,
+// each sorted by the field asked for (rates highest first, budget least
+// left first), a pod's workload shown.
+func TestTopTables(t *testing.T) {
+	tokens := func(v float64) *float64 { return &v }
+	s := agent.Summary{
+		Time: time.Now(), WindowSeconds: 10,
+		Pods: []agent.PodSummary{
+			{Namespace: "shop", Pod: "web", Workload: "deployment/web", State: "running",
+				Counts: agent.Counts{Requests: 100, Ambiguous: 7}, Rates: agent.Rates{Requests: 10, Ambiguous: 0.7}},
+			{Namespace: "shop", Pod: "worker", Workload: "statefulset/worker", State: "running",
+				Counts: agent.Counts{Requests: 300, Retries: 30}, Rates: agent.Rates{Requests: 30, Retries: 3}},
+		},
+		Flows: []agent.FlowSummary{
+			{Namespace: "shop", Pod: "web", Upstream: "orders", Counts: agent.Counts{Requests: 100, Ambiguous: 7}, Rates: agent.Rates{Requests: 10, Ambiguous: 0.7}},
+			{Namespace: "shop", Pod: "worker", Upstream: "stock", Counts: agent.Counts{Requests: 300, Retries: 30}, Rates: agent.Rates{Requests: 30, Retries: 3}},
+		},
+		Upstreams: []agent.UpstreamSummary{
+			{Upstream: "orders", Counts: agent.Counts{Requests: 100, Ambiguous: 7}, Rates: agent.Rates{Requests: 10, Ambiguous: 0.7}, BudgetTokens: tokens(80)},
+			{Upstream: "stock", Counts: agent.Counts{Requests: 300, Retries: 30}, Rates: agent.Rates{Requests: 30, Retries: 3}, BudgetTokens: tokens(2.5)},
+		},
+	}
+	firsts := func(by string) []string {
+		var b strings.Builder
+		if err := writeTop(&b, s, by, "sock"); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(b.String(), "\n") {
+			switch f := strings.Fields(l); {
+			case len(f) > 1 && strings.HasPrefix(f[0], "shop/"):
+				out = append(out, f[0]+">"+f[1])
+			case len(f) == 11 && (f[0] == "orders" || f[0] == "stock"):
+				out = append(out, f[0])
+			}
+		}
+		t.Logf("--sort %s:\n%s", by, b.String())
+		return out
+	}
+	want := map[string]string{
+		"ambiguous": "shop/web>deployment/web shop/worker>statefulset/worker shop/web>orders shop/worker>stock orders stock",
+		"requests":  "shop/worker>statefulset/worker shop/web>deployment/web shop/worker>stock shop/web>orders stock orders",
+		"budget":    "shop/web>deployment/web shop/worker>statefulset/worker shop/web>orders shop/worker>stock stock orders",
+	}
+	for by, w := range want {
+		if got := strings.Join(firsts(by), " "); got != w {
+			t.Errorf("--sort %s: rows %q, want %q", by, got, w)
+		}
+	}
+}
