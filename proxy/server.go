@@ -456,12 +456,22 @@ func (s *Server) cutInFlight() {
 	s.cancel()
 	s.mu.Lock()
 	for c := range s.conns {
-		if c.state == stateActive {
+		switch {
+		case c.state == stateTunnel, c.state == stateActive && c.bodyBegun.Load():
+			// A response whose body has begun cannot be answered again,
+			// and a tunnel or passthrough has no request egret could
+			// answer: cut, with a reset, so that the client cannot take
+			// what it got for the whole (a body that ends with the
+			// connection would look complete).
+			closeWithReset(c.c)
+		case c.state == stateActive, c.state == stateNew:
 			// A read from the client (a request head or body) ends now;
 			// the conn answers it 503 not-sent. The reader checks cut
 			// after setting its own deadline, so this one is not lost.
+			// A new connection's request already here is read and
+			// answered so; with none, the connection just ends.
 			c.c.SetReadDeadline(aLongTimeAgo)
-		} else {
+		default:
 			c.c.Close()
 		}
 	}
@@ -481,10 +491,12 @@ func (s *Server) cutInFlight() {
 		select {
 		case <-s.changed:
 		case <-timer.C:
+			// Not answered in time: reset, never a clean end that could
+			// pass for a complete answer.
 			s.mu.Lock()
 			s.shut = true
 			for c := range s.conns {
-				c.c.Close()
+				closeWithReset(c.c)
 			}
 			s.mu.Unlock()
 			return
@@ -538,6 +550,7 @@ func (s *Server) newConn(nc net.Conn) *conn {
 	}
 	s.conns[c] = struct{}{}
 	s.cfg.Metrics.connOpened()
+	s.signal()
 	return c
 }
 
