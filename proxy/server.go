@@ -413,10 +413,11 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // answered as any failed request is (503 not-sent when no byte of it can
 // have reached the upstream, 502/504 failed or ambiguous otherwise, with
 // Egret-Outcome and its log line); a request whose body was still being
-// read from the client gets 503 not-sent. Only a connection whose response
-// body has begun (it cannot be answered again), a tunnel or a passthrough
-// is cut at once. The answers get up to AnswerGrace; what is left then is
-// closed.
+// read from the client gets 503 not-sent, and so does one already in the
+// socket of a connection not yet spoken on. Only a connection whose
+// response body has begun (it cannot be answered again), a tunnel or a
+// passthrough is cut at once, with a reset. The answers get up to
+// AnswerGrace; what is left then is reset.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
 	s.closing.Store(true)
