@@ -252,7 +252,9 @@ func (c *conn) serve() {
 		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 		c.dst, c.dstAddr, c.dstHost = dst, dst.String(), dst.Addr().String()
 		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
-		if err != nil {
+		if err != nil || proto != ProtoHTTP1 && c.s.cut.Load() {
+			// Gone, or Shutdown's grace is over and this is no request
+			// it could answer: the connection ends.
 			return
 		}
 		if proto == ProtoSilent {
@@ -549,8 +551,10 @@ func (c *conn) silent() Protocol {
 		cfg.Metrics.lateHTTP()
 		return ProtoHTTP1
 	}
-	if cl.err != nil && !errors.Is(cl.err, os.ErrDeadlineExceeded) && c.br.Buffered() == 0 {
-		// The client left (or Shutdown closed it) before a word.
+	if cl.err != nil && !errors.Is(cl.err, os.ErrDeadlineExceeded) && c.br.Buffered() == 0 || c.s.cut.Load() {
+		// The client left (or Shutdown closed it) before a word, or
+		// Shutdown's grace ended (its deadline in the past ended the
+		// wait) with no request to answer.
 		up.Close()
 		return ""
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -632,5 +633,51 @@ func TestShutdownPastGraceResetsAStalledBody(t *testing.T) {
 			}
 			t.Logf("%s: %s after %d more bytes; Shutdown %v", tc.name, ending(err), n, took)
 		})
+	}
+}
+
+// TestShutdownCutEndsASilentTransparentConnection: a transparent
+// connection whose client has said nothing, egret waiting (its
+// destination dialed) for whichever side speaks first, when the grace
+// ends. Nothing was asked: it ends at once and cleanly, and is not passed
+// through for the answer grace.
+func TestShutdownCutEndsASilentTransparentConnection(t *testing.T) {
+	dst, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := dst.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	log := &lines{}
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: netip.MustParseAddrPort(dst.Addr().String())},
+		Logger: slog.New(log), AnswerGrace: testAnswerGrace, SniffTimeout: time.Millisecond})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Minute)) // only a broken test's
+	// egret dialed the destination: the client was silent past the sniff.
+	up := <-accepted
+	defer up.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	t0 := time.Now()
+	p.Shutdown(ctx)
+	took := time.Since(t0)
+	_, err = c.Read(make([]byte, 1))
+	if got := ending(err); got != "eof" {
+		t.Errorf("the client's connection ended with %s, want a clean close", got)
+	}
+	if took >= testAnswerGrace {
+		t.Errorf("Shutdown took %v: the connection was kept for the answer grace", took)
+	}
+	if l := log.byOutcome(); len(l) != 0 {
+		t.Errorf("log lines %v for a connection that asked nothing", l)
 	}
 }
