@@ -689,7 +689,9 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			c.bodyBegun.Store(true) // from here on, Shutdown's cut resets
+			if !c.bodyBegun.Load() {
+				c.bodyBegun.Store(true) // from here on, Shutdown's cut resets
+			}
 			c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 			if chunk {
 				c.bw.Write(strconv.AppendInt(c.bw.AvailableBuffer(), int64(n), 16))
