@@ -220,7 +220,8 @@ func observe(w http.ResponseWriter, r *http.Request, tap *proxy.Tap) {
 // PolicyView is the effective policy for a destination (GET /policy,
 // `egret policy`).
 type PolicyView struct {
-	// Dest is the destination asked about, as host:port.
+	// Dest is the destination asked about, as host:port ("": the
+	// defaults).
 	Dest string `json:"dest"`
 	// Pod is the pod asked for ("": the node's policy).
 	Pod string `json:"pod"`
@@ -275,7 +276,12 @@ func ParseDest(dest string) (host string, port int, err error) {
 
 // EffectivePolicy is the policy p gives dest (ParseDest), each field with
 // the layer it came from.
+// An empty dest gives the defaults, those of a destination no entry
+// matches.
 func EffectivePolicy(p *policy.Policy, dest string) (PolicyView, error) {
+	if dest == "" {
+		return PolicyView{Policy: p.Source, Entry: p.Defaults.Pattern(), Fields: p.Defaults.Fields()}, nil
+	}
 	host, port, err := ParseDest(dest)
 	if err != nil {
 		return PolicyView{}, err
