@@ -52,6 +52,7 @@ func TestRealNode(t *testing.T) {
 
 	ok := t.Run("RetryThroughOptedInPod", c.testRetry)
 	ok = t.Run("PodIdentity", c.testIdentity) && ok
+	t.Run("KubectlEgret", c.testKubectlEgret)
 	t.Run("Lifecycle", func(t *testing.T) {
 		t.Run("OptInAndOutByAnnotation", c.testAnnotation)
 		t.Run("InitContainer", c.testInitContainer)
