@@ -41,9 +41,10 @@ func Features() []Feature {
 		// connect4/connect6 hooks: 4.17. sendmsg/recvmsg hooks came later
 		// (4.18, 5.2) and egret does not use them.
 		{Name: "BPF_PROG_TYPE_CGROUP_SOCK_ADDR", Use: "connect4/connect6 redirection", Since: "4.17"},
-		// sock_ops: 4.13; the state callbacks egret relies on
-		// (BPF_SOCK_OPS_STATE_CB) 4.16.
-		{Name: "BPF_PROG_TYPE_SOCK_OPS", Use: "original-destination tuples and the witness", Since: "4.16"},
+		// sock_ops: 4.13, its state callbacks 4.16; egret's program uses
+		// the header-option callbacks (5.10) and bpf_get_netns_cookie
+		// (5.15), which the load itself checks.
+		{Name: "BPF_PROG_TYPE_SOCK_OPS", Use: "original-destination tuples and the witness", Since: "5.10"},
 		// getsockopt hooks: 5.3. Older kernels cannot answer
 		// SO_ORIGINAL_DST for redirected connects.
 		{Name: "BPF_PROG_TYPE_CGROUP_SOCKOPT", Use: "answering SO_ORIGINAL_DST", Since: "5.3"},
