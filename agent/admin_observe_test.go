@@ -39,7 +39,9 @@ func TestObserveStreamTellsLostEvents(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- ServeAdminHandler(ctx, sock, AdminHandler(&Standalone{Server: srv, Budgets: budgets})) }()
+	go func() {
+		served <- ServeAdminHandler(ctx, sock, AdminHandler(&Standalone{Server: srv, Budgets: budgets}))
+	}()
 	defer func() {
 		cancel()
 		if err := <-served; err != nil {
