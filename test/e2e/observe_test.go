@@ -2,8 +2,9 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -37,18 +38,15 @@ func TestObservePolicyStatusAgainstTheAgent(t *testing.T) {
 	worker := n.addPod(t, "blog/worker", podOpts{spec: pods.Pod{Policy: []byte("defaults:\n  max_attempts: 1\n")}})
 	_, up := startLedger(t, web.host4)
 
+	// The socket listens before anything asks it: no waiting for it.
 	sock := filepath.Join(t.TempDir(), "admin.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() {
-		served <- agent.ServeAdminHandler(ctx, sock, agent.WithAbout(n.agent.Admin(), "e2e-version", true))
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("admin: %v", err)
-		}
-	})
+	aln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: agent.WithAbout(n.agent.Admin(), "e2e-version", true)}
+	go hs.Serve(aln)
+	t.Cleanup(func() { hs.Close() })
 	bin := egretBinary(t)
 	egret := func(args ...string) string {
 		t.Helper()
@@ -62,18 +60,6 @@ func TestObservePolicyStatusAgainstTheAgent(t *testing.T) {
 		}
 		return string(out)
 	}
-	// The socket answers before anything is asked of it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := agent.AdminClient(sock).Get("http://egret/status"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the admin socket does not answer")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-
 	// A follower of namespace shop from before any request (--last: what
 	// was answered before it started watching comes first, none twice).
 	follow := exec.Command(bin, "observe", "--admin", sock, "--follow", "--last", "100", "-o", "json", "--namespace", "shop")
