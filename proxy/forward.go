@@ -828,6 +828,7 @@ type requestLog struct {
 func (c *conn) logRequest(l requestLog) {
 	now := time.Now()
 	c.s.cfg.Metrics.answered(l.outcome, now.Sub(l.start))
+	c.tap(&l, now)
 	ctx := context.Background()
 	h := c.s.cfg.Logger.Handler()
 	if !c.s.cfg.AccessLog.logged(&l) || !h.Enabled(ctx, slog.LevelInfo) {

@@ -126,6 +126,8 @@ type Config struct {
 	// counted by Metrics).
 	Bulkheads *Bulkheads
 	Traces    *Traces
+	// Tap gets every finished request, for `egret observe` (nil: none).
+	Tap *Tap
 	// Metrics count what only the proxy sees (egret_proxy_...);
 	// RetryMetrics the attempt runner's attempts, decisions, outcomes and
 	// witness upgrades (egret_retry_...). Either may be nil.
@@ -339,6 +341,9 @@ func New(cfg Config) (*Server, error) {
 
 // Traces is the store of recent requests' traces.
 func (s *Server) Traces() *Traces { return s.cfg.Traces }
+
+// Policy is the server's source of policy.
+func (s *Server) Policy() PolicySource { return s.cfg.Policy }
 
 // Bulkheads is the registry of per-upstream bulkheads.
 func (s *Server) Bulkheads() *Bulkheads { return s.cfg.Bulkheads }
