@@ -48,6 +48,7 @@ func (a *Agent) Admin() http.Handler { return AdminHandler(a) }
 //	GET /upstreams        []UpstreamStatus (node-wide budgets in use)
 //	GET /explain/{id}     TraceView of an Egret-Request-Id
 //	GET /summary          Summary: per-pod and per-upstream counts and rates (a SummarySource's)
+//	GET /observe, /policy see addObserve
 func AdminHandler(src AdminSource) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
@@ -79,6 +80,7 @@ func AdminHandler(src AdminSource) http.Handler {
 		writeJSON(w, http.StatusOK, v)
 	})
 	handleSummary(mux, src)
+	addObserve(mux, src) // GET /observe, GET /policy (admin_observe.go)
 	return mux
 }
 

@@ -171,6 +171,7 @@ func runProxy(c *cli.Context) error {
 		Budgets:      budgets,
 		Policy:       src,
 		Witness:      witness.TCPInfo{},
+		Tap:          proxy.NewTap(0),
 		Metrics:      pm,
 		RetryMetrics: rm,
 		Logger:       log,
@@ -199,7 +200,7 @@ func runProxy(c *cli.Context) error {
 		adminDone := make(chan struct{})
 		go func() {
 			defer close(adminDone)
-			if err := agent.ServeAdminHandler(actx, sock, agent.AdminHandler(st)); err != nil {
+			if err := agent.ServeAdminHandler(actx, sock, agent.WithAbout(agent.AdminHandler(st), version(), false)); err != nil {
 				log.Error("admin API", "err", err)
 			}
 		}()

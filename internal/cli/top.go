@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"sort"
 	"strconv"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/agent"
 )
@@ -135,16 +133,6 @@ func decodeSummary(body []byte) (agent.Summary, error) {
 		return s, cli.Exit(fmt.Sprintf("summary: %v", err), 1)
 	}
 	return s, nil
-}
-
-// isTerminal reports whether w is a terminal (then top redraws in place).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }
 
 // rateOf is the rate a --sort field names.

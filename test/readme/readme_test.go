@@ -142,7 +142,7 @@ func TestREADMEExamples(t *testing.T) {
 			all += s.cmd + "\n"
 		}
 	}
-	for _, c := range []string{"egret proxy", "curl -si -x", "egret run --", "egret agent --pods", "egret explain", "egret simulate", "egret proxy --grace 5", "egret prxy"} {
+	for _, c := range []string{"egret proxy", "curl -si -x", "egret run --", "egret agent --pods", "egret explain", "egret observe", "egret policy", "egret simulate", "egret proxy --grace 5", "egret prxy"} {
 		if !strings.Contains(all, c) {
 			t.Errorf("README.md has no example running %q", c)
 		}
