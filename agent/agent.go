@@ -183,6 +183,9 @@ type Agent struct {
 	direct bool
 	// podsChanged is closed (and replaced) at each change of pods.
 	podsChanged chan struct{}
+	// policyApplied is closed (and replaced) when a policy reload has
+	// been applied to the running pods.
+	policyApplied chan struct{}
 }
 
 // Ready says whether the agent serves its node: nil once Run has attached
@@ -280,6 +283,7 @@ func New(cfg Config) (*Agent, error) {
 		pods:      map[string]*podState{},
 	}
 	a.podsChanged = make(chan struct{})
+	a.policyApplied = make(chan struct{})
 	if a.budgets == nil {
 		a.budgets = engine.NewBudgets()
 	}
@@ -349,6 +353,11 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(a.cfg.RetryInterval)
 	defer tick.Stop()
+	var polChanged <-chan struct{} // nil: a policy that never changes
+	reloads, _ := a.cfg.Policy.(PolicyReloads)
+	if reloads != nil {
+		polChanged = reloads.Changed()
+	}
 	var err error
 loop:
 	for {
@@ -368,6 +377,9 @@ loop:
 			a.retryFailed()
 		case <-a.cfg.FDs.Changed():
 			a.setDirect(a.cfg.FDs.Exhausted())
+		case <-polChanged:
+			polChanged = reloads.Changed()
+			a.policyReloaded()
 		}
 	}
 	a.mu.Lock()
@@ -376,6 +388,58 @@ loop:
 	stopSrc()
 	a.stopAll()
 	return err
+}
+
+// PolicyReloads is a node policy source that reloads (*policy.Watcher):
+// after each reload the agent rewrites the kernel config of every running
+// pod whose direct: settings it changed.
+type PolicyReloads interface {
+	// Changed is closed when a reload puts a new policy in force.
+	Changed() <-chan struct{}
+}
+
+// policyReloaded rewrites the kernel config (direct ports, CIDRs, default
+// ports, learning) and learn TTL of each running pod whose node direct:
+// section changed.
+func (a *Agent) policyReloaded() {
+	a.mu.Lock()
+	running := make([]*podState, 0, len(a.pods))
+	for _, ps := range a.pods {
+		if ps.state == StateRunning && ps.cgid != 0 {
+			running = append(running, ps)
+		}
+	}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		close(a.policyApplied)
+		a.policyApplied = make(chan struct{})
+		a.mu.Unlock()
+	}()
+	for _, ps := range running {
+		d := ps.direct()
+		if d.Equal(ps.applied) {
+			continue
+		}
+		if _, err := a.cfg.Attacher.AttachPod(ps.pod.Cgroup, a.kernelConfig(ps, ps.pod)); err != nil {
+			a.m.failures.WithLabelValues("update").Inc()
+			a.log.Error("pod kernel config after a policy reload", "pod", ps.pod.Name, "err", err)
+			continue
+		}
+		ps.applied = d
+		ps.learner.ttl.Store(int64(ps.learnTTL(ps.pod)))
+		a.log.Info("pod direct config rewritten after a policy reload", "pod", ps.pod.Name,
+			"direct_ports", d.Ports, "direct_cidrs", d.CIDRs, "default_ports", d.DefaultPorts, "learn", d.Learn)
+	}
+}
+
+// PolicyApplied returns a channel closed once the agent has applied the
+// next reload of its node policy (a PolicyReloads) to the running pods.
+// Take it before the reload.
+func (a *Agent) PolicyApplied() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.policyApplied
 }
 
 // setDirect sends every pod's new connects direct (out of descriptors:

@@ -21,7 +21,8 @@ type Fake struct {
 	self   map[string]bool
 	learnt map[uint64]map[netip.AddrPort]bpfload.DirectProtocol
 	// Fail, if set, makes AttachPod of that cgroup fail.
-	Fail map[string]error
+	Fail   map[string]error
+	writes int // AttachPod calls that wrote a config
 }
 
 var _ Attacher = (*Fake)(nil)
@@ -46,7 +47,15 @@ func (f *Fake) AttachPod(cgroupPath string, cfg bpfload.PodConfig) (uint64, erro
 		f.ids[cgroupPath] = id
 	}
 	f.pods[id] = cfg
+	f.writes++
 	return id, nil
+}
+
+// attaches counts the pod configs AttachPod wrote.
+func (f *Fake) attaches() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.writes
 }
 
 // DetachPodID implements Attacher.

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,10 @@ const (
 	DefaultSpoolLimit  int64 = 8 << 20
 	// DefaultRefreshTimeout bounds a credential refresh command.
 	DefaultRefreshTimeout = 10 * time.Second
+	// DefaultLearnTTL is how long a learned-direct destination stays
+	// direct unless direct.learn.ttl says otherwise (the agent's
+	// bpfload.DefaultLearnTTL).
+	DefaultLearnTTL = 10 * time.Minute
 )
 
 // IdempotencyKeyHeader is the header an upstream that honours keys reads,
@@ -175,12 +180,41 @@ type Policy struct {
 	// in explicit mode (deny_destinations; DefaultDenyDestinations when the
 	// file says nothing, none when it gives an empty list).
 	DenyDestinations []netip.Prefix
+	// Direct is what the node's pods reach directly, never through egret
+	// (the direct: section): the agent writes it into each pod's kernel
+	// config, with the pod's own settings, and again on every reload.
+	Direct Direct
 
 	docs    []*rawDoc // the layers it was resolved from, for Overlay
 	parents []*Policy // for an overlay: the policies of docs[:1], docs[:2]...
 	exact   map[string]map[int]*Upstream
 	wild    map[string]map[int]*Upstream // key: ".suffix"
 	files   []string                     // TLS files, watched for rotation
+}
+
+// Direct is the direct: section: destinations every pod reaches directly
+// (the kernel's connect hook never redirects them to egret), and whether
+// destinations egret passes through are learned direct. A pod's own
+// settings (the pods file's exclude: and learn:, or its annotations) add
+// ports and CIDRs, and override the switches.
+type Direct struct {
+	// Ports and CIDRs go direct for every pod.
+	Ports []uint16
+	CIDRs []netip.Prefix
+	// DefaultPorts keeps the agent's default direct ports (the
+	// server-speaks-first and database protocols); default true.
+	DefaultPorts bool
+	// Learn: destinations egret passes through are learned direct;
+	// default true. LearnTTL is how long one stays direct (default
+	// DefaultLearnTTL).
+	Learn    bool
+	LearnTTL time.Duration
+}
+
+// Equal reports whether d and e say the same.
+func (d Direct) Equal(e Direct) bool {
+	return slices.Equal(d.Ports, e.Ports) && slices.Equal(d.CIDRs, e.CIDRs) &&
+		d.DefaultPorts == e.DefaultPorts && d.Learn == e.Learn && d.LearnTTL == e.LearnTTL
 }
 
 // OriginatesTLS reports whether egret may originate TLS for some
