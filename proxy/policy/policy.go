@@ -217,25 +217,51 @@ func (d Direct) Equal(e Direct) bool {
 		d.DefaultPorts == e.DefaultPorts && d.Learn == e.Learn && d.LearnTTL == e.LearnTTL
 }
 
-// OriginatesTLS reports whether egret may originate TLS for some
-// destination on port: the defaults do, or an upstream entry for that
-// port (or for any port) does. It answers by port alone, whatever the
-// host: a pod reaches a named upstream at an address the policy cannot
-// know, so a destination on such a port must keep coming to egret (it is
-// never learned direct).
-func (p *Policy) OriginatesTLS(port int) bool {
+// TLSOrigin says which entries of a policy may originate TLS for a
+// transparent destination (TLSOriginFor): the pod's plain HTTP to such a
+// destination must keep coming to egret, so it is never learned direct.
+type TLSOrigin struct {
+	// Always: the policy may originate TLS for the destination whatever
+	// its name: the defaults originate TLS, or an entry names the
+	// destination's address, or a wildcard entry (whose addresses cannot
+	// be known) covers its port.
+	Always bool
+	// Names are the exact host names of entries that originate TLS on the
+	// destination's port: they apply when the name resolves to the
+	// destination's address.
+	Names []string
+}
+
+// TLSOriginFor returns the entries that may originate TLS for dst (an
+// entry applies to dst when it has dst's port or no port).
+func (p *Policy) TLSOriginFor(dst netip.AddrPort) TLSOrigin {
+	var o TLSOrigin
 	if p == nil {
-		return false
+		return o
 	}
 	if p.Defaults != nil && p.Defaults.TLS.Enabled {
-		return true
+		o.Always = true
+		return o
 	}
+	a := dst.Addr().Unmap()
 	for _, u := range p.Upstreams {
-		if u.TLS.Enabled && (u.Port == 0 || u.Port == port) {
-			return true
+		if !u.TLS.Enabled || (u.Port != 0 && u.Port != int(dst.Port())) {
+			continue
 		}
+		if _, wild := cutWildcard(u.Host); wild {
+			o.Always = true
+			return o
+		}
+		if h, err := netip.ParseAddr(u.Host); err == nil {
+			if h.Unmap() == a {
+				o.Always = true
+				return o
+			}
+			continue
+		}
+		o.Names = append(o.Names, u.Host)
 	}
-	return false
+	return o
 }
 
 // DefaultDenyDestinations are the link-local addresses where clouds serve
