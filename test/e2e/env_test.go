@@ -60,6 +60,8 @@ type node struct {
 type nodeOpts struct {
 	wrapDial func(pod string, d proxy.DialFunc) proxy.DialFunc
 	proxy    proxy.Config
+	// learnedMax sizes the kernel's learned-direct map (0: the default).
+	learnedMax uint32
 }
 
 func newNode(t testing.TB, o nodeOpts) *node {
@@ -84,7 +86,7 @@ func newNode(t testing.TB, o nodeOpts) *node {
 	if err := agent.EnterCgroup(n.self); err != nil {
 		t.Fatal(err)
 	}
-	n.loader, err = bpfload.Load(bpfload.Options{PinDir: n.pin})
+	n.loader, err = bpfload.Load(bpfload.Options{PinDir: n.pin, LearnedMax: o.learnedMax})
 	if err != nil {
 		testenv.Require(t, false, "egret's eBPF programs load: "+err.Error())
 	}
