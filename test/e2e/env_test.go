@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -62,6 +64,8 @@ type nodeOpts struct {
 	proxy    proxy.Config
 	// learnedMax sizes the kernel's learned-direct map (0: the default).
 	learnedMax uint32
+	// logger is the agent's (nil: testLogger).
+	logger *slog.Logger
 }
 
 func newNode(t testing.TB, o nodeOpts) *node {
@@ -110,7 +114,7 @@ func newNode(t testing.TB, o nodeOpts) *node {
 		ShutdownGrace: time.Second,
 		CleanupOnExit: true,
 		WrapDial:      o.wrapDial,
-		Logger:        testLogger(t),
+		Logger:        cmp.Or(o.logger, testLogger(t)),
 	})
 	if err != nil {
 		t.Fatal(err)
