@@ -87,11 +87,7 @@ func TestPolicyDirectReachesPodsAndReloads(t *testing.T) {
 	if err := w.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-applied:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reload was not applied")
-	}
+	waitApplied(t, applied)
 	check("/cg/web", []uint16{9100, 5000}, nil, true, true)
 	check("/cg/own", []uint16{9100}, nil, false, false)
 	if st, _ := a.Pod("web"); !st.Since.Equal(since.Since) {
@@ -105,13 +101,36 @@ func TestPolicyDirectReachesPodsAndReloads(t *testing.T) {
 	if err := w.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-applied:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reload was not applied")
-	}
+	waitApplied(t, applied)
 	if n := fake.attaches(); n != before {
 		t.Fatalf("%d kernel config writes for a reload that did not touch direct:", n-before)
+	}
+
+	// What the pods learned is forgotten when the entries that originate
+	// TLS change (a destination the policy now originates TLS for must
+	// not stay direct), not on other reloads.
+	st, _ := a.Pod("own")
+	dst := netip.MustParseAddrPort("192.0.2.9:443")
+	if err := fake.LearnDirect(st.CgroupID, dst, bpfload.DirectTLS, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	applied = a.PolicyApplied()
+	write("defaults: {max_attempts: 3}\ndirect:\n  ports: [9100]\n  default_ports: false\n  learn: {enabled: false}\n")
+	if err := w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	waitApplied(t, applied)
+	if got := fake.Learned(st.CgroupID); len(got) != 1 {
+		t.Fatalf("a reload that left TLS origination alone forgot %v", got)
+	}
+	applied = a.PolicyApplied()
+	write("upstreams:\n  - {host: 192.0.2.9, port: 443, tls: {enabled: true}}\ndirect:\n  ports: [9100]\n  default_ports: false\n  learn: {enabled: false}\n")
+	if err := w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	waitApplied(t, applied)
+	if got := fake.Learned(st.CgroupID); len(got) != 0 {
+		t.Fatalf("after the policy took TLS origination for %s, the pod still has %v learned", dst, got)
 	}
 }
 
@@ -129,5 +148,15 @@ func waitRunning(t *testing.T, a *Agent, name string) {
 		case <-deadline:
 			t.Fatalf("pod %s never ran", name)
 		}
+	}
+}
+
+// waitApplied waits for the agent to apply a policy reload.
+func waitApplied(t *testing.T, applied <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-applied:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the policy reload was not applied")
 	}
 }

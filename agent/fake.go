@@ -135,6 +135,25 @@ func (f *Fake) LearnDirect(podID uint64, dst netip.AddrPort, proto bpfload.Direc
 	return nil
 }
 
+// LearnedDirect implements Attacher: what LearnDirect recorded.
+func (f *Fake) LearnedDirect(podID uint64) ([]bpfload.Learned, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []bpfload.Learned
+	for dst, p := range f.learnt[podID] {
+		out = append(out, bpfload.Learned{Dst: dst, Protocol: p})
+	}
+	return out, nil
+}
+
+// ForgetDirect implements Attacher.
+func (f *Fake) ForgetDirect(podID uint64, dst netip.AddrPort) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.learnt[podID], dst)
+	return nil
+}
+
 // Learned returns what LearnDirect recorded for a pod.
 func (f *Fake) Learned(podID uint64) map[netip.AddrPort]bpfload.DirectProtocol {
 	f.mu.Lock()
