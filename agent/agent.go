@@ -28,6 +28,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -38,6 +39,7 @@ import (
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
+	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/proxy/witness"
 	"github.com/egret-proxy/egret/retry"
 )
@@ -64,6 +66,10 @@ type Attacher interface {
 	// LearnDirect makes the pod's connects to dst go direct for ttl
 	// (bpfload.ErrLearningOff when the pod has learning off).
 	LearnDirect(podID uint64, dst netip.AddrPort, proto bpfload.DirectProtocol, ttl time.Duration) error
+	// LearnedDirect lists the pod's learned destinations; ForgetDirect
+	// removes one (its next connect is redirected and sniffed again).
+	LearnedDirect(podID uint64) ([]bpfload.Learned, error)
+	ForgetDirect(podID uint64, dst netip.AddrPort) error
 	// NodeDirectStats sums the kernel's counters of every pod's
 	// learned-direct connections; LearnedEntries counts the learned
 	// destinations held.
@@ -183,6 +189,12 @@ type Agent struct {
 	direct bool
 	// podsChanged is closed (and replaced) at each change of pods.
 	podsChanged chan struct{}
+	// policyApplied is closed (and replaced) when a policy reload has
+	// been applied to the running pods.
+	policyApplied chan struct{}
+	// tlsOrigins is the TLS origination of the node policy last applied
+	// (tlsOrigins); Run's goroutine only.
+	tlsOrigins string
 }
 
 // Ready says whether the agent serves its node: nil once Run has attached
@@ -280,6 +292,7 @@ func New(cfg Config) (*Agent, error) {
 		pods:      map[string]*podState{},
 	}
 	a.podsChanged = make(chan struct{})
+	a.policyApplied = make(chan struct{})
 	if a.budgets == nil {
 		a.budgets = engine.NewBudgets()
 	}
@@ -352,6 +365,12 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(a.cfg.RetryInterval)
 	defer tick.Stop()
+	var polChanged <-chan struct{} // nil: a policy that never changes
+	reloads, _ := a.cfg.Policy.(PolicyReloads)
+	if reloads != nil {
+		polChanged = reloads.Changed()
+		a.tlsOrigins = tlsOrigins(a.cfg.Policy.Current())
+	}
 	var err error
 loop:
 	for {
@@ -371,6 +390,9 @@ loop:
 			a.retryFailed()
 		case <-a.cfg.FDs.Changed():
 			a.setDirect(a.cfg.FDs.Exhausted())
+		case <-polChanged:
+			polChanged = reloads.Changed()
+			a.policyReloaded()
 		}
 	}
 	a.mu.Lock()
@@ -379,6 +401,106 @@ loop:
 	stopSrc()
 	a.stopAll()
 	return err
+}
+
+// PolicyReloads is a node policy source that reloads (*policy.Watcher):
+// after each reload the agent rewrites the kernel config of every running
+// pod whose direct: settings it changed.
+type PolicyReloads interface {
+	// Changed is closed when a reload puts a new policy in force.
+	Changed() <-chan struct{}
+}
+
+// policyReloaded rewrites the kernel config (direct ports, CIDRs, default
+// ports, learning) and learn TTL of each running pod whose node direct:
+// section changed.
+func (a *Agent) policyReloaded() {
+	a.mu.Lock()
+	running := make([]*podState, 0, len(a.pods))
+	for _, ps := range a.pods {
+		if ps.state == StateRunning && ps.cgid != 0 {
+			running = append(running, ps)
+		}
+	}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		close(a.policyApplied)
+		a.policyApplied = make(chan struct{})
+		a.mu.Unlock()
+	}()
+	// A destination the policy originates TLS for is never learned
+	// direct (the pod's plain HTTP to it must reach egret). When the
+	// entries that originate TLS change, what the pods learned under the
+	// old ones is forgotten: each destination is sniffed, and learned or
+	// not, again at its next connect.
+	if sig := tlsOrigins(a.cfg.Policy.Current()); sig != a.tlsOrigins {
+		a.tlsOrigins = sig
+		for _, ps := range running {
+			n, err := a.forgetLearned(ps.cgid)
+			if err != nil {
+				a.m.failures.WithLabelValues("update").Inc()
+				a.log.Error("forget learned destinations after a TLS origination change", "pod", ps.pod.Name, "err", err)
+			} else if n > 0 {
+				a.log.Info("learned destinations forgotten: the policy's TLS origination changed", "pod", ps.pod.Name, "destinations", n)
+			}
+		}
+	}
+	for _, ps := range running {
+		d := ps.direct()
+		if d.Equal(ps.applied) {
+			continue
+		}
+		if _, err := a.cfg.Attacher.AttachPod(ps.pod.Cgroup, a.kernelConfig(ps, ps.pod)); err != nil {
+			a.m.failures.WithLabelValues("update").Inc()
+			a.log.Error("pod kernel config after a policy reload", "pod", ps.pod.Name, "err", err)
+			continue
+		}
+		ps.applied = d
+		ps.learner.ttl.Store(int64(ps.learnTTL(ps.pod)))
+		a.log.Info("pod direct config rewritten after a policy reload", "pod", ps.pod.Name,
+			"direct_ports", d.Ports, "direct_cidrs", d.CIDRs, "default_ports", d.DefaultPorts, "learn", d.Learn)
+	}
+}
+
+// forgetLearned forgets every destination the pod learned direct.
+func (a *Agent) forgetLearned(id uint64) (int, error) {
+	learned, err := a.cfg.Attacher.LearnedDirect(id)
+	if err != nil {
+		return 0, err
+	}
+	var errs []error
+	for _, l := range learned {
+		errs = append(errs, a.cfg.Attacher.ForgetDirect(id, l.Dst))
+	}
+	return len(learned), errors.Join(errs...)
+}
+
+// tlsOrigins names what of the policy originates TLS: the defaults' switch
+// and each entry with TLS on, by host and port.
+func tlsOrigins(p *policy.Policy) string {
+	if p == nil {
+		return ""
+	}
+	var b strings.Builder
+	if p.Defaults != nil && p.Defaults.TLS.Enabled {
+		b.WriteString("defaults;")
+	}
+	for _, u := range p.Upstreams {
+		if u.TLS.Enabled {
+			fmt.Fprintf(&b, "%s:%d;", u.Host, u.Port)
+		}
+	}
+	return b.String()
+}
+
+// PolicyApplied returns a channel closed once the agent has applied the
+// next reload of its node policy (a PolicyReloads) to the running pods.
+// Take it before the reload.
+func (a *Agent) PolicyApplied() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.policyApplied
 }
 
 // setDirect sends every pod's new connects direct (out of descriptors:

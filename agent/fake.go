@@ -21,7 +21,8 @@ type Fake struct {
 	self   map[string]bool
 	learnt map[uint64]map[netip.AddrPort]bpfload.DirectProtocol
 	// Fail, if set, makes AttachPod of that cgroup fail.
-	Fail map[string]error
+	Fail   map[string]error
+	writes int // AttachPod calls that wrote a config
 }
 
 var _ Attacher = (*Fake)(nil)
@@ -46,7 +47,15 @@ func (f *Fake) AttachPod(cgroupPath string, cfg bpfload.PodConfig) (uint64, erro
 		f.ids[cgroupPath] = id
 	}
 	f.pods[id] = cfg
+	f.writes++
 	return id, nil
+}
+
+// attaches counts the pod configs AttachPod wrote.
+func (f *Fake) attaches() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.writes
 }
 
 // DetachPodID implements Attacher.
@@ -123,6 +132,25 @@ func (f *Fake) LearnDirect(podID uint64, dst netip.AddrPort, proto bpfload.Direc
 		f.learnt[podID] = map[netip.AddrPort]bpfload.DirectProtocol{}
 	}
 	f.learnt[podID][dst] = proto
+	return nil
+}
+
+// LearnedDirect implements Attacher: what LearnDirect recorded.
+func (f *Fake) LearnedDirect(podID uint64) ([]bpfload.Learned, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []bpfload.Learned
+	for dst, p := range f.learnt[podID] {
+		out = append(out, bpfload.Learned{Dst: dst, Protocol: p})
+	}
+	return out, nil
+}
+
+// ForgetDirect implements Attacher.
+func (f *Fake) ForgetDirect(podID uint64, dst netip.AddrPort) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.learnt[podID], dst)
 	return nil
 }
 

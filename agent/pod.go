@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,9 @@ type podState struct {
 	// learner writes the destinations the pod's proxy learned direct;
 	// its pod id is set once the pod is attached.
 	learner *podLearner
+	// applied is the node policy's direct: section last written into the
+	// pod's kernel config.
+	applied policy.Direct
 }
 
 // podLearner is the pod proxy's proxy.Learner: it writes the kernel's
@@ -153,7 +157,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	pc.Source = sourceOf(p)
 	pc.Logger = a.log.With("pod", p.Name)
 	ps.learner = &podLearner{att: a.cfg.Attacher}
-	ps.learner.ttl.Store(int64(p.Learn.TTL))
+	ps.learner.ttl.Store(int64(ps.learnTTL(p)))
 	pc.Learner = ps.learner
 	srv, err := proxy.New(pc)
 	if err != nil {
@@ -176,6 +180,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		}()
 	}
 	// Attach last: from now on the pod's connects come to a ready proxy.
+	ps.applied = ps.direct()
 	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, a.kernelConfig(ps, p)); err != nil {
 		return nil, fmt.Errorf("attach to cgroup %s: %w", p.Cgroup, err)
 	}
@@ -209,13 +214,18 @@ func sourceOf(p pods.Pod) proxy.Source {
 	return proxy.Source{Namespace: p.Namespace(), Pod: p.ShortName(), Workload: p.Workload}
 }
 
+// kernelConfig is what the kernel needs of pod p: its listeners, and what
+// goes direct, the node policy's direct: section (the pod's policy source
+// keeps the node's, an override cannot set it) with the pod's own laid
+// over it: ports and CIDRs added, switches the pod sets winning.
 func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
+	d := ps.direct()
 	cfg := bpfload.PodConfig{
-		ExcludePorts:      p.Exclude.Ports,
-		ExcludePrefixes:   p.Exclude.CIDRs,
-		NoDefaultExcludes: p.Exclude.NoDefaultPorts,
+		ExcludePorts:      append(slices.Clone(d.Ports), p.Exclude.Ports...),
+		ExcludePrefixes:   append(slices.Clone(d.CIDRs), p.Exclude.CIDRs...),
+		NoDefaultExcludes: p.Exclude.NoDefaultPorts || (!p.Exclude.DefaultPorts && !d.DefaultPorts),
 		RedirectLoopback:  p.RedirectLoopback,
-		NoLearn:           p.Learn.Off,
+		NoLearn:           p.Learn.Off || (!p.Learn.On && !d.Learn),
 	}
 	for _, l := range ps.listen {
 		if l.Addr().Is4() {
@@ -227,15 +237,33 @@ func (ps *podState) kernelConfig(p pods.Pod) bpfload.PodConfig {
 	return cfg
 }
 
+// direct is the node policy's direct: section as the pod sees it.
+func (ps *podState) direct() policy.Direct {
+	if ps.policy == nil {
+		return policy.Default().Direct
+	}
+	return ps.policy.Current().Direct
+}
+
+// learnTTL is how long the pod's learned destinations stay direct: its
+// own TTL, else the node policy's.
+func (ps *podState) learnTTL(p pods.Pod) time.Duration {
+	if p.Learn.TTL > 0 {
+		return p.Learn.TTL
+	}
+	return ps.direct().LearnTTL
+}
+
 // update applies a changed pod that stays in the same cgroup, namespace
 // and port: exclusions and policy change in place.
 func (ps *podState) update(a *Agent, p pods.Pod) error {
+	ps.applied = ps.direct()
 	if _, err := a.cfg.Attacher.AttachPod(p.Cgroup, a.kernelConfig(ps, p)); err != nil {
 		return err
 	}
 	ps.policy.set(p)
 	if ps.learner != nil {
-		ps.learner.ttl.Store(int64(p.Learn.TTL))
+		ps.learner.ttl.Store(int64(ps.learnTTL(p)))
 	}
 	ps.quota.SetLimits(a.podLimits(p))
 	a.mu.Lock()
@@ -358,6 +386,8 @@ type podPolicy struct {
 }
 
 var _ proxy.PolicySource = (*podPolicy)(nil)
+
+var _ PolicyReloads = (*policy.Watcher)(nil)
 
 func newPodPolicy(base proxy.PolicySource, p pods.Pod, log *slog.Logger) *podPolicy {
 	if base == nil {

@@ -727,6 +727,7 @@ func TestPolicyIsTheEmbeddedDefaults(t *testing.T) {
 	}
 	var diffs []string
 	exportedDiff(reflect.ValueOf(*p.Defaults), reflect.ValueOf(*policy.Default().Defaults), "defaults", &diffs)
+	exportedDiff(reflect.ValueOf(p.Direct), reflect.ValueOf(policy.Default().Direct), "direct", &diffs)
 	for _, d := range diffs {
 		t.Errorf("ConfigMap policy differs from the embedded defaults: %s", d)
 	}

@@ -461,15 +461,23 @@ func dialFailure(err error) string {
 }
 
 // learn tells the Learner that this connection's destination is one egret
-// passes through, unless the policy originates TLS on its port (the pod's
-// plain HTTP to it must keep coming to egret).
+// passes through, unless the policy may originate TLS for it (the pod's
+// plain HTTP to it must keep coming to egret): an entry that originates
+// TLS names its address, covers it by wildcard, or names a host egret's
+// resolver maps to it.
 func (c *conn) learn(proto Protocol) {
 	cfg := &c.s.cfg
 	if cfg.Learner == nil || !Learnable(proto) || !c.dst.IsValid() {
 		return
 	}
-	if cfg.Policy.Current().OriginatesTLS(int(c.dst.Port())) {
+	o := cfg.Policy.Current().TLSOriginFor(c.dst)
+	if o.Always {
 		return
+	}
+	for _, h := range o.Names {
+		if cfg.Names.Resolves(context.Background(), h, c.dst.Addr()) {
+			return
+		}
 	}
 	if err := cfg.Learner.LearnDirect(c.dst, proto); err != nil {
 		cfg.Logger.Warn("learn direct", "dst", c.dstAddr, "protocol", string(proto), "err", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/egret-proxy/egret/internal/dnstest"
 	"github.com/egret-proxy/egret/internal/promtest"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
@@ -61,7 +62,7 @@ func sendAndWaitClose(t *testing.T, addr string, b []byte) error {
 // A transparent connection sniffed as a protocol egret passes through is
 // learned (the destination's port closed: the dial fails, is counted by
 // reason, and the client is reset); HTTP/1.x never is, and neither is a
-// destination on a port the policy originates TLS on.
+// destination the policy may originate TLS for.
 func TestLearnerAndPassthroughDialFailure(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -101,16 +102,50 @@ func TestLearnerAndPassthroughDialFailure(t *testing.T) {
 		t.Fatalf("HTTP/1.x learned: %v", got)
 	}
 
-	// The policy originates TLS on that port: never learned.
-	pol, err := policy.Parse("p.yaml", []byte("upstreams:\n  - host: svc.example\n    port: "+
-		strconv.Itoa(int(closed.Port()))+"\n    tls: {enabled: true}\n"))
+	// Whether a destination may be learned is decided by the entries
+	// that originate TLS, not by port: a named entry on the same port
+	// whose name egret's resolver does not map to the destination leaves
+	// it learnable; one whose name maps to it, or an entry for its
+	// address, or a wildcard on its port (whose addresses egret cannot
+	// know) keeps it coming to egret.
+	dns := dnstest.Start(t)
+	dns.Set("elsewhere.test", netip.MustParseAddr("192.0.2.1"))
+	dns.Set("here.test", closed.Addr())
+	names := &Names{Resolver: dns.Resolver()}
+	port := strconv.Itoa(int(closed.Port()))
+	for _, tc := range []struct {
+		entry string
+		learn bool
+	}{
+		{"{host: elsewhere.test, port: " + port + ", tls: {enabled: true}}", true},
+		{"{host: elsewhere.test, tls: {enabled: true}}", true},
+		{"{host: here.test, port: " + strconv.Itoa(int(closed.Port())+1) + ", tls: {enabled: true}}", true},
+		{"{host: here.test, port: " + port + ", tls: {enabled: false}}", true},
+		{"{host: here.test, port: " + port + ", tls: {enabled: true}}", false},
+		{"{host: here.test, tls: {enabled: true}}", false},
+		{"{host: " + closed.Addr().String() + ", port: " + port + ", tls: {enabled: true}}", false},
+		{"{host: \"*.example\", port: " + port + ", tls: {enabled: true}}", false},
+	} {
+		pol, err := policy.Parse("p.yaml", []byte("upstreams:\n  - "+tc.entry+"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lr := &recordLearner{}
+		p := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr, Policy: StaticPolicy{pol}, Names: names})
+		_ = sendAndWaitClose(t, p.addr, tlsHello)
+		if got := len(lr.learned()) == 1; got != tc.learn {
+			t.Errorf("entry %s: learned %v, want %v", tc.entry, lr.learned(), tc.learn)
+		}
+	}
+	// The defaults originating TLS cover every destination.
+	pol, err := policy.Parse("p.yaml", []byte("defaults: {tls: {enabled: true}}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lr3 := &recordLearner{}
-	p3 := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr3, Policy: StaticPolicy{pol}})
+	p3 := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr3, Policy: StaticPolicy{pol}, Names: names})
 	_ = sendAndWaitClose(t, p3.addr, tlsHello)
 	if got := lr3.learned(); len(got) != 0 {
-		t.Fatalf("a port the policy originates TLS on was learned: %v", got)
+		t.Fatalf("defaults with TLS: learned %v", got)
 	}
 }

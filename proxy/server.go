@@ -170,9 +170,9 @@ type Config struct {
 	// as a protocol egret passes through (Learner says which), so that the
 	// pod's next connects to that destination can go direct; the node
 	// agent's writes the kernel's learned-direct map. Destinations the
-	// policy originates TLS on (Policy.OriginatesTLS) are never learned:
-	// the pod's plain HTTP to them must keep reaching egret. nil: nothing
-	// is learned.
+	// policy may originate TLS for (Policy.TLSOriginFor; a named entry's
+	// name proven by Names) are never learned: the pod's plain HTTP to
+	// them must keep reaching egret. nil: nothing is learned.
 	Learner Learner
 	// Names proves transparent requests' Host names against their original
 	// destinations (egret's resolver, never the pod's); one per node

@@ -175,11 +175,11 @@ func Parse(name string, data []byte) ([]Pod, error) {
 			}
 			p.Exclude.CIDRs = append(p.Exclude.CIDRs, pfx.Masked())
 		}
-		if rp.Exclude.DefaultPorts != nil && !*rp.Exclude.DefaultPorts {
-			p.Exclude.NoDefaultPorts = true
+		if rp.Exclude.DefaultPorts != nil {
+			p.Exclude.NoDefaultPorts, p.Exclude.DefaultPorts = !*rp.Exclude.DefaultPorts, *rp.Exclude.DefaultPorts
 		}
-		if rp.Learn.Enabled != nil && !*rp.Learn.Enabled {
-			p.Learn.Off = true
+		if rp.Learn.Enabled != nil {
+			p.Learn.Off, p.Learn.On = !*rp.Learn.Enabled, *rp.Learn.Enabled
 		}
 		if rp.Learn.TTL != "" {
 			d, err := time.ParseDuration(rp.Learn.TTL)

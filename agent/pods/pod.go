@@ -57,14 +57,17 @@ type Pod struct {
 	Limits Limits
 }
 
-// Learning configures learned-direct destinations for a pod.
+// Learning configures learned-direct destinations for a pod. Neither Off
+// nor On: the node policy's direct.learn.enabled decides (on by default).
 type Learning struct {
 	// Off: every connect not excluded keeps coming to egret, and a
 	// refused destination egret passes through reaches the pod as a reset
 	// (see agent/README.md).
 	Off bool
+	// On: learning for this pod even when the node policy turns it off.
+	On bool
 	// TTL is how long a learned destination stays direct; 0 takes the
-	// agent's default (bpfload.DefaultLearnTTL).
+	// node policy's direct.learn.ttl.
 	TTL time.Duration
 }
 
@@ -84,8 +87,11 @@ type Exclusions struct {
 	Ports []uint16
 	CIDRs []netip.Prefix
 	// NoDefaultPorts drops the agent's default excluded ports (the
-	// server-speaks-first protocols: SMTP, MySQL, ...).
+	// server-speaks-first protocols: SMTP, MySQL, ...); DefaultPorts keeps
+	// them even when the node policy's direct.default_ports drops them.
+	// Neither: the node policy decides.
 	NoDefaultPorts bool
+	DefaultPorts   bool
 }
 
 // Namespace is the part of Name before its first "/" (empty if none).
@@ -111,7 +117,7 @@ func (p Pod) Equal(q Pod) bool {
 		p.ListenPort == q.ListenPort && p.RedirectLoopback == q.RedirectLoopback &&
 		slices.Equal(p.Exclude.Ports, q.Exclude.Ports) &&
 		slices.Equal(p.Exclude.CIDRs, q.Exclude.CIDRs) &&
-		p.Exclude.NoDefaultPorts == q.Exclude.NoDefaultPorts &&
+		p.Exclude.NoDefaultPorts == q.Exclude.NoDefaultPorts && p.Exclude.DefaultPorts == q.Exclude.DefaultPorts &&
 		string(p.Policy) == string(q.Policy) && p.Learn == q.Learn && p.Limits == q.Limits
 }
 
@@ -127,6 +133,12 @@ func (p Pod) Validate() error {
 		if !c.IsValid() {
 			return fmt.Errorf("%w: pod %s: invalid excluded CIDR", ErrInvalid, p.Name)
 		}
+	}
+	if p.Learn.On && p.Learn.Off {
+		return fmt.Errorf("%w: pod %s: learning both on and off", ErrInvalid, p.Name)
+	}
+	if p.Exclude.DefaultPorts && p.Exclude.NoDefaultPorts {
+		return fmt.Errorf("%w: pod %s: default excluded ports both kept and dropped", ErrInvalid, p.Name)
 	}
 	if p.Learn.TTL < 0 {
 		return fmt.Errorf("%w: pod %s: negative learn TTL %s", ErrInvalid, p.Name, p.Learn.TTL)

@@ -30,6 +30,8 @@ const good = `pods:
   - name: batch
     cgroup: /sys/fs/cgroup/unified/batch
     redirect_loopback: true
+    exclude: {default_ports: true}
+    learn: {enabled: true}
     limits:
       connections: 100
       in_flight: 20
@@ -65,7 +67,7 @@ func TestParse(t *testing.T) {
 	if b.Workload != "" || b.Namespace() != "" || b.ShortName() != "batch" {
 		t.Errorf("batch: workload %q, namespace %q, name %q", b.Workload, b.Namespace(), b.ShortName())
 	}
-	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts || b.Learn != (Learning{}) {
+	if b.Netns != "" || !b.RedirectLoopback || b.Exclude.NoDefaultPorts || !b.Exclude.DefaultPorts || b.Learn != (Learning{On: true}) {
 		t.Errorf("batch = %+v", b)
 	}
 	if b.Limits != (Limits{Conns: 100, InFlight: 20, SpoolBytes: 16 << 20}) || w.Limits != (Limits{}) {

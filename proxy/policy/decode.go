@@ -90,6 +90,16 @@ type rawDoc struct {
 	defaults  *rawUpstream
 	upstreams []*rawUpstream
 	deny      val[[]netip.Prefix] // deny_destinations
+	direct    rawDirect
+}
+
+// rawDirect is the direct: section as written.
+type rawDirect struct {
+	Ports        val[[]uint16]
+	CIDRs        val[[]netip.Prefix]
+	DefaultPorts val[bool]
+	Learn        val[bool]
+	LearnTTL     val[time.Duration]
 }
 
 type decoder struct {
@@ -156,6 +166,13 @@ func (d *decoder) decodeDoc(data []byte) *rawDoc {
 				return
 			}
 			d.prefixes(v, p, &doc.deny)
+		},
+		"direct": func(v *yaml.Node, p string) {
+			if d.override {
+				d.fail(d.posOf(v, p), ErrNotOverridable, "only the node's policy may set this (a pod's own are the pods file's exclude: and learn:, or its annotations)")
+				return
+			}
+			d.direct(v, p, &doc.direct)
 		},
 		"upstreams": func(v *yaml.Node, p string) {
 			if isNull(v) {
@@ -849,6 +866,47 @@ func (d *decoder) prefixes(n *yaml.Node, path string, dst *val[[]netip.Prefix]) 
 		}
 		pf = pf.Masked()
 		list = append(list, pf)
+	})
+	if ok && isList {
+		dst.put(list, d.posOf(n, path))
+	}
+}
+
+// direct decodes the direct: section.
+func (d *decoder) direct(n *yaml.Node, path string, dst *rawDirect) {
+	d.mapping(n, path, map[string]func(*yaml.Node, string){
+		"ports": func(v *yaml.Node, p string) { d.ports(v, p, &dst.Ports) },
+		"cidrs": func(v *yaml.Node, p string) { d.prefixes(v, p, &dst.CIDRs) },
+		"default_ports": func(v *yaml.Node, p string) {
+			d.boolean(v, p, &dst.DefaultPorts)
+		},
+		"learn": func(v *yaml.Node, p string) {
+			d.mapping(v, p, map[string]func(*yaml.Node, string){
+				"enabled": func(v *yaml.Node, p string) { d.boolean(v, p, &dst.Learn) },
+				"ttl":     func(v *yaml.Node, p string) { d.duration(v, p, true, &dst.LearnTTL) },
+			})
+		},
+	})
+}
+
+// ports decodes a list of TCP ports (1..65535), each at most once.
+func (d *decoder) ports(n *yaml.Node, path string, dst *val[[]uint16]) {
+	list := []uint16{}
+	seen := map[int64]int{}
+	ok := true
+	isList := d.sequence(n, path, func(i int, e *yaml.Node, ep string) {
+		x, at, good := d.integer(e, ep, 1, 65535)
+		if !good {
+			ok = false
+			return
+		}
+		if first, dup := seen[x]; dup {
+			d.fail(at, ErrDuplicate, "port %d given twice (first at line %d)", x, first)
+			ok = false
+			return
+		}
+		seen[x] = at.line
+		list = append(list, uint16(x))
 	})
 	if ok && isList {
 		dst.put(list, d.posOf(n, path))

@@ -98,6 +98,7 @@ func TestOverlayRefusals(t *testing.T) {
 		{"defaults:\n  bulkhead: 1000\n", "pod.yaml:2:13: defaults.bulkhead", ErrNotOverridable},
 		{"defaults:\n  body: {memory_limit: 1GiB}\n", "pod.yaml:2:9: defaults.body", ErrNotOverridable},
 		{"upstreams:\n  - host: api.test\n    name: fresh-budget\n", "pod.yaml:3:11: upstreams[0].name", ErrNotOverridable},
+		{"direct:\n  ports: [443]\n", "pod.yaml:2:3: direct", ErrNotOverridable},
 		// A contradiction with the base is reported in the override.
 		{"upstreams:\n  - host: api.test\n    attempt_timeout: 6s\n", "pod.yaml:3:22: upstreams[0].attempt_timeout", ErrConflict},
 		{"defaults:\n  max_attempts: 0\n", "pod.yaml:2:17: defaults.max_attempts", ErrInvalid},

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,10 @@ const (
 	DefaultSpoolLimit  int64 = 8 << 20
 	// DefaultRefreshTimeout bounds a credential refresh command.
 	DefaultRefreshTimeout = 10 * time.Second
+	// DefaultLearnTTL is how long a learned-direct destination stays
+	// direct unless direct.learn.ttl says otherwise (the agent's
+	// bpfload.DefaultLearnTTL).
+	DefaultLearnTTL = 10 * time.Minute
 )
 
 // IdempotencyKeyHeader is the header an upstream that honours keys reads,
@@ -177,6 +182,10 @@ type Policy struct {
 	// in explicit mode (deny_destinations; DefaultDenyDestinations when the
 	// file says nothing, none when it gives an empty list).
 	DenyDestinations []netip.Prefix
+	// Direct is what the node's pods reach directly, never through egret
+	// (the direct: section): the agent writes it into each pod's kernel
+	// config, with the pod's own settings, and again on every reload.
+	Direct Direct
 
 	docs    []*rawDoc // the layers it was resolved from, for Overlay
 	parents []*Policy // for an overlay: the policies of docs[:1], docs[:2]...
@@ -185,25 +194,76 @@ type Policy struct {
 	files   []string                     // TLS files, watched for rotation
 }
 
-// OriginatesTLS reports whether egret may originate TLS for some
-// destination on port: the defaults do, or an upstream entry for that
-// port (or for any port) does. It answers by port alone, whatever the
-// host: a pod reaches a named upstream at an address the policy cannot
-// know, so a destination on such a port must keep coming to egret (it is
-// never learned direct).
-func (p *Policy) OriginatesTLS(port int) bool {
+// Direct is the direct: section: destinations every pod reaches directly
+// (the kernel's connect hook never redirects them to egret), and whether
+// destinations egret passes through are learned direct. A pod's own
+// settings (the pods file's exclude: and learn:, or its annotations) add
+// ports and CIDRs, and override the switches.
+type Direct struct {
+	// Ports and CIDRs go direct for every pod.
+	Ports []uint16
+	CIDRs []netip.Prefix
+	// DefaultPorts keeps the agent's default direct ports (the
+	// server-speaks-first and database protocols); default true.
+	DefaultPorts bool
+	// Learn: destinations egret passes through are learned direct;
+	// default true. LearnTTL is how long one stays direct (default
+	// DefaultLearnTTL).
+	Learn    bool
+	LearnTTL time.Duration
+}
+
+// Equal reports whether d and e say the same.
+func (d Direct) Equal(e Direct) bool {
+	return slices.Equal(d.Ports, e.Ports) && slices.Equal(d.CIDRs, e.CIDRs) &&
+		d.DefaultPorts == e.DefaultPorts && d.Learn == e.Learn && d.LearnTTL == e.LearnTTL
+}
+
+// TLSOrigin says which entries of a policy may originate TLS for a
+// transparent destination (TLSOriginFor): the pod's plain HTTP to such a
+// destination must keep coming to egret, so it is never learned direct.
+type TLSOrigin struct {
+	// Always: the policy may originate TLS for the destination whatever
+	// its name: the defaults originate TLS, or an entry names the
+	// destination's address, or a wildcard entry (whose addresses cannot
+	// be known) covers its port.
+	Always bool
+	// Names are the exact host names of entries that originate TLS on the
+	// destination's port: they apply when the name resolves to the
+	// destination's address.
+	Names []string
+}
+
+// TLSOriginFor returns the entries that may originate TLS for dst (an
+// entry applies to dst when it has dst's port or no port).
+func (p *Policy) TLSOriginFor(dst netip.AddrPort) TLSOrigin {
+	var o TLSOrigin
 	if p == nil {
-		return false
+		return o
 	}
 	if p.Defaults != nil && p.Defaults.TLS.Enabled {
-		return true
+		o.Always = true
+		return o
 	}
+	a := dst.Addr().Unmap()
 	for _, u := range p.Upstreams {
-		if u.TLS.Enabled && (u.Port == 0 || u.Port == port) {
-			return true
+		if !u.TLS.Enabled || (u.Port != 0 && u.Port != int(dst.Port())) {
+			continue
 		}
+		if _, wild := cutWildcard(u.Host); wild {
+			o.Always = true
+			return o
+		}
+		if h, err := netip.ParseAddr(u.Host); err == nil {
+			if h.Unmap() == a {
+				o.Always = true
+				return o
+			}
+			continue
+		}
+		o.Names = append(o.Names, u.Host)
 	}
-	return false
+	return o
 }
 
 // DefaultDenyDestinations are the link-local addresses where clouds serve

@@ -398,3 +398,46 @@ func TestMatchKeepsOneCopyPerDestination(t *testing.T) {
 		t.Fatalf("%.1f allocations per Match of a known destination", allocs)
 	}
 }
+
+// The direct: section: absent, every switch is on and no port or CIDR is
+// listed; given, it is read as written (addresses as /32 and /128
+// prefixes); a pod's override keeps the node's.
+func TestDirectSection(t *testing.T) {
+	p := Default()
+	if want := (Direct{DefaultPorts: true, Learn: true, LearnTTL: DefaultLearnTTL}); !p.Direct.Equal(want) {
+		t.Fatalf("default direct = %+v, want %+v", p.Direct, want)
+	}
+	p, err := Parse("d.yaml", []byte(`direct:
+  ports: [9000, 8443]
+  cidrs: [10.1.0.0/16, 192.0.2.7, "2001:db8::/32"]
+  default_ports: false
+  learn: {enabled: false, ttl: 90s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Direct{
+		Ports: []uint16{9000, 8443},
+		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("192.0.2.7/32"),
+			netip.MustParsePrefix("2001:db8::/32")},
+		LearnTTL: 90 * time.Second,
+	}
+	if !p.Direct.Equal(want) {
+		t.Fatalf("direct = %+v, want %+v", p.Direct, want)
+	}
+	o, err := Overlay(p, "pod", []byte("defaults: {max_attempts: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Direct.Equal(want) {
+		t.Fatalf("overlay direct = %+v, want the node's %+v", o.Direct, want)
+	}
+	// One switch given: the others keep their defaults.
+	p, err = Parse("d.yaml", []byte("direct:\n  learn: {ttl: 1m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Direct{DefaultPorts: true, Learn: true, LearnTTL: time.Minute}); !p.Direct.Equal(want) {
+		t.Fatalf("direct = %+v, want %+v", p.Direct, want)
+	}
+}

@@ -427,9 +427,26 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 	p.Warnings = r.warnings
 	p.files = r.files
 	p.DenyDestinations = DefaultDenyDestinations()
+	p.Direct = Direct{DefaultPorts: true, Learn: true, LearnTTL: DefaultLearnTTL}
 	for _, d := range docs {
 		if d.deny.set {
 			p.DenyDestinations = d.deny.v
+		}
+		dd := &d.direct
+		if dd.Ports.set {
+			p.Direct.Ports = dd.Ports.v
+		}
+		if dd.CIDRs.set {
+			p.Direct.CIDRs = dd.CIDRs.v
+		}
+		if dd.DefaultPorts.set {
+			p.Direct.DefaultPorts = dd.DefaultPorts.v
+		}
+		if dd.Learn.set {
+			p.Direct.Learn = dd.Learn.v
+		}
+		if dd.LearnTTL.set {
+			p.Direct.LearnTTL = dd.LearnTTL.v
 		}
 	}
 	return p, nil

@@ -39,6 +39,9 @@ type Watcher struct {
 	logger  *slog.Logger
 	metrics *metrics
 	cur     atomic.Pointer[Policy]
+	// changed is closed (and replaced) when a reload puts a new policy in
+	// force; see Changed.
+	changed atomic.Pointer[chan struct{}]
 
 	mu      sync.Mutex // serialises loads; guards the fields below
 	stat    os.FileInfo
@@ -65,6 +68,8 @@ func NewWatcher(path string, logger *slog.Logger, reg prometheus.Registerer) (*W
 		return nil, err
 	}
 	w := &Watcher{Interval: DefaultPollInterval, path: path, logger: logger, metrics: m}
+	ch := make(chan struct{})
+	w.changed.Store(&ch)
 	if err := w.Reload(); err != nil {
 		return nil, err
 	}
@@ -73,6 +78,11 @@ func NewWatcher(path string, logger *slog.Logger, reg prometheus.Registerer) (*W
 
 // Current is the policy in force.
 func (w *Watcher) Current() *Policy { return w.cur.Load() }
+
+// Changed returns a channel that is closed when a reload next puts a new
+// policy in force (a refused file does not). Take it before reading
+// Current: a reload in between closes it.
+func (w *Watcher) Changed() <-chan struct{} { return *w.changed.Load() }
 
 // Path is the file watched.
 func (w *Watcher) Path() string { return w.path }
@@ -183,6 +193,8 @@ func (w *Watcher) load(data []byte) error {
 	w.refs = statFiles(p)
 	w.lastRefusal = ""
 	w.cur.Store(p)
+	next := make(chan struct{})
+	close(*w.changed.Swap(&next))
 	w.metrics.success(time.Now())
 	w.logger.Info("policy loaded", "path", w.path, "upstreams", len(p.Upstreams),
 		"sha256", hex.EncodeToString(w.hash[:6]))

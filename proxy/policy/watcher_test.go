@@ -461,3 +461,36 @@ func TestNewWatcherRefusesEmptyFile(t *testing.T) {
 		t.Fatalf("NewWatcher on a comment-only file: %v", err)
 	}
 }
+
+// Changed is closed by a reload that puts a new policy in force, not by a
+// refused one.
+func TestWatcherChanged(t *testing.T) {
+	dir := t.TempDir()
+	path := writeFile(t, dir, "policy.yaml", policyFile(2))
+	w, err := NewWatcher(path, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := w.Changed()
+	writeFile(t, dir, "policy.yaml", "defaults: {max_attempts: 0}\n")
+	if err := w.Reload(); err == nil {
+		t.Fatal("a bad file was taken")
+	}
+	select {
+	case <-ch:
+		t.Fatal("a refused reload closed Changed")
+	default:
+	}
+	writeFile(t, dir, "policy.yaml", policyFile(4))
+	if err := w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	default:
+		t.Fatal("a reload did not close Changed")
+	}
+	if next := w.Changed(); next == ch {
+		t.Fatal("Changed not renewed after a reload")
+	}
+}

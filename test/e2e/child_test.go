@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -122,6 +123,20 @@ func child(mode string) int {
 		seen := map[string]int{}
 		for range req.Count {
 			seen[connectOutcome(strings.TrimPrefix(req.URL, "tcp://"), req.Body)]++
+		}
+		_ = enc.Encode(seen)
+	case "spread":
+		// Count connects as "connects" does, each to another port: the
+		// port of req.URL, then the next ones.
+		host, port, err := net.SplitHostPort(strings.TrimPrefix(req.URL, "tcp://"))
+		first, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || first+req.Count > 65536 {
+			_ = enc.Encode(map[string]int{"bad url " + req.URL: 1})
+			return 0
+		}
+		seen := map[string]int{}
+		for i := range req.Count {
+			seen[connectOutcome(net.JoinHostPort(host, strconv.Itoa(first+i)), req.Body)]++
 		}
 		_ = enc.Encode(seen)
 	case "firstbyte":

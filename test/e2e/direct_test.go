@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -10,12 +11,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/internal/promtest"
+	"github.com/egret-proxy/egret/proxy"
 )
 
 // connects runs the "connects" client in the pod: n connects to dst, each
@@ -76,7 +80,14 @@ func echoServer(t testing.TB, ip netip.Addr) (net.Listener, netip.AddrPort) {
 // exactly as for a pod without egret, while an HTTP destination on the same
 // host keeps coming to egret and being retried.
 func TestLearnedDirectKeepsRefusal(t *testing.T) {
-	n := newNode(t, nodeOpts{})
+	reg := prometheus.NewPedanticRegistry()
+	pm, err := proxy.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	n := newNode(t, nodeOpts{proxy: proxy.Config{Metrics: pm},
+		logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	p := n.addPod(t, "web", podOpts{})
 	off := n.addPod(t, "nolearn", podOpts{spec: pods.Pod{Learn: pods.Learning{Off: true}}})
 	bare := makePod(t, n.top, "bare", podOpts{}) // not behind egret: the baseline
@@ -140,6 +151,20 @@ func TestLearnedDirectKeepsRefusal(t *testing.T) {
 		t.Fatalf("learning off, closed port: %v", offSeen)
 	}
 	t.Logf("learning off, closed %s, %d connects: %v", rawDst, count, offSeen)
+	// Each of them counted and logged with the pod and the destination.
+	if got := promtest.CounterSum(t, reg, "egret_proxy_passthrough_dial_failures_total", "protocol", "unknown", "reason", "refused"); got != count {
+		t.Fatalf("passthrough dial failures{unknown,refused} = %v, want %d", got, count)
+	}
+	logged := 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "passthrough dial failed") && strings.Contains(line, "pod=nolearn") &&
+			strings.Contains(line, "dst="+rawDst.String()) && strings.Contains(line, "reason=refused") {
+			logged++
+		}
+	}
+	if logged != count {
+		t.Fatalf("%d warn lines of a failed passthrough dial with pod=nolearn dst=%s, want %d:\n%s", logged, rawDst, count, logs)
+	}
 
 	// The witness kept counting the learned-direct connections.
 	st, err := n.loader.PodDirectStats(id)

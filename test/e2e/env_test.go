@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -60,6 +62,10 @@ type node struct {
 type nodeOpts struct {
 	wrapDial func(pod string, d proxy.DialFunc) proxy.DialFunc
 	proxy    proxy.Config
+	// learnedMax sizes the kernel's learned-direct map (0: the default).
+	learnedMax uint32
+	// logger is the agent's (nil: testLogger).
+	logger *slog.Logger
 }
 
 func newNode(t testing.TB, o nodeOpts) *node {
@@ -84,7 +90,7 @@ func newNode(t testing.TB, o nodeOpts) *node {
 	if err := agent.EnterCgroup(n.self); err != nil {
 		t.Fatal(err)
 	}
-	n.loader, err = bpfload.Load(bpfload.Options{PinDir: n.pin})
+	n.loader, err = bpfload.Load(bpfload.Options{PinDir: n.pin, LearnedMax: o.learnedMax})
 	if err != nil {
 		testenv.Require(t, false, "egret's eBPF programs load: "+err.Error())
 	}
@@ -108,7 +114,7 @@ func newNode(t testing.TB, o nodeOpts) *node {
 		ShutdownGrace: time.Second,
 		CleanupOnExit: true,
 		WrapDial:      o.wrapDial,
-		Logger:        testLogger(t),
+		Logger:        cmp.Or(o.logger, testLogger(t)),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,8 @@ const (
 	// prefixes or addresses: "10.0.0.0/8,192.0.2.7".
 	AnnotationExcludeCIDRs = AnnotationPrefix + "exclude-cidrs"
 	// AnnotationDefaultExcludedPorts "false" drops the agent's default
-	// excluded ports (the server-speaks-first protocols).
+	// excluded ports (the server-speaks-first protocols), "true" keeps
+	// them whatever the node policy's direct.default_ports.
 	AnnotationDefaultExcludedPorts = AnnotationPrefix + "default-excluded-ports"
 	// AnnotationRedirectLoopback "true" also redirects connects to
 	// 127.0.0.0/8 and ::1.
@@ -41,7 +42,9 @@ const (
 	// policy: schema, laid over the node's policy for this pod.
 	AnnotationPolicy = AnnotationPrefix + "policy"
 	// AnnotationLearnDirect "false" turns learned-direct destinations off
-	// for the pod (pods.Learning; on by default).
+	// for the pod, "true" on whatever the node policy's
+	// direct.learn.enabled (pods.Learning; absent: the policy decides, on
+	// by default).
 	AnnotationLearnDirect = AnnotationPrefix + "learn-direct"
 	// AnnotationLearnTTL is how long a learned destination stays direct
 	// (a Go duration, e.g. "10m").
@@ -140,7 +143,7 @@ func Parse(pod *corev1.Pod) (pods.Pod, error) {
 			if !ok {
 				bad(k, `must be "true" or "false"`)
 			}
-			p.Exclude.NoDefaultPorts = ok && !b
+			p.Exclude.NoDefaultPorts, p.Exclude.DefaultPorts = ok && !b, ok && b
 		case AnnotationRedirectLoopback:
 			b, ok := boolean(v)
 			if !ok {
@@ -152,7 +155,7 @@ func Parse(pod *corev1.Pod) (pods.Pod, error) {
 			if !ok {
 				bad(k, `must be "true" or "false"`)
 			}
-			p.Learn.Off = ok && !b
+			p.Learn.Off, p.Learn.On = ok && !b, ok && b
 		case AnnotationLearnTTL:
 			d, err := time.ParseDuration(strings.TrimSpace(v))
 			if err != nil || d <= 0 {

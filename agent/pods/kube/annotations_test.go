@@ -59,10 +59,12 @@ func TestParseGoodAnnotations(t *testing.T) {
 	if err != nil || !p.Equal(pods.Pod{Name: "shop/web"}) {
 		t.Fatalf("defaults: %+v %v", p, err)
 	}
-	// default-excluded-ports "true" keeps them.
-	p, err = Parse(annotated(map[string]string{AnnotationEnabled: "true", AnnotationDefaultExcludedPorts: "true"}))
-	if err != nil || p.Exclude.NoDefaultPorts {
-		t.Fatalf("default-excluded-ports true: %+v %v", p, err)
+	// default-excluded-ports and learn-direct "true" keep them on over
+	// a node policy that turns them off.
+	p, err = Parse(annotated(map[string]string{AnnotationEnabled: "true", AnnotationDefaultExcludedPorts: "true",
+		AnnotationLearnDirect: "true"}))
+	if err != nil || p.Exclude.NoDefaultPorts || !p.Exclude.DefaultPorts || p.Learn != (pods.Learning{On: true}) {
+		t.Fatalf("default-excluded-ports and learn-direct true: %+v %v", p, err)
 	}
 }
 
