@@ -100,7 +100,8 @@ func TestBodiesBySize(t *testing.T) {
 			}
 		}
 	}
-	// Spool files are gone once requests end.
+	// Spool files are gone once requests end. Polls: they are removed as
+	// each request's runner returns, after its answer, with no event.
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		ents, _ := os.ReadDir(spoolDir)

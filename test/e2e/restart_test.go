@@ -167,23 +167,19 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 		t.Fatalf("not redirected before the kill: %+v", r)
 	}
 
-	// A client in the pod opening a new connection per request, all along.
-	load := p.childCmd(t, "load", request{URL: url(up, "/load"), Duration: 5 * time.Second})
-	var loadOut bytes.Buffer
-	load.Stdout, load.Stderr = &loadOut, os.Stderr
+	// A client in the pod opening a new connection per request, all along;
+	// each phase lasts until the load shows it.
 	t0 := time.Now()
-	if err := p.start(load); err != nil {
-		t.Fatal(err)
-	}
-
-	time.Sleep(1500 * time.Millisecond)
+	load := p.startLoad(t, url(up, "/load"))
+	load.waitFor(t, "requests through the first agent", 50, func(s loadSample) bool { return s.Egret && s.Err == "" })
 	tKill := time.Since(t0)
 	if err := a1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	a1.cmd.Wait()
 
-	time.Sleep(300 * time.Millisecond)
+	directSinceKill := func(s loadSample) bool { return s.Wall.Sub(t0) > tKill && !s.Egret && s.Err == "" }
+	load.waitFor(t, "direct requests after the kill", 20, directSinceKill)
 	// While the agent is down, a keep-alive connection made now goes
 	// direct; it must survive the restart.
 	ka := p.childCmd(t, "keepalive", request{URL: url(up, "/keepalive")})
@@ -204,7 +200,7 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	}
 	kaFirst := readKA()
 
-	time.Sleep(1200 * time.Millisecond)
+	load.waitFor(t, "more direct requests while the agent is down", 50, directSinceKill)
 	tRestart := time.Since(t0)
 	metricsAddr := freeLoopbackAddr(t)
 	a2 := startAgent(t, args("--cleanup", "--metrics", metricsAddr)...)
@@ -216,13 +212,10 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	kaIn.Close()
 	ka.Wait()
 
-	if err := load.Wait(); err != nil {
-		t.Fatalf("load client: %v", err)
-	}
-	var samples []loadSample
-	if err := json.Unmarshal(loadOut.Bytes(), &samples); err != nil {
-		t.Fatalf("load output: %v", err)
-	}
+	load.waitFor(t, "requests through the second agent", 50, func(s loadSample) bool {
+		return s.Wall.Sub(t0) > tReady+50*time.Millisecond && s.Egret
+	})
+	samples := load.stop(t)
 
 	for i := range samples {
 		samples[i].At = samples[i].Wall.Sub(t0)
