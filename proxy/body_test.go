@@ -111,7 +111,7 @@ func TestBodiesBySize(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d spool files left after the requests ended", len(ents))
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls (see above)
 	}
 }
 

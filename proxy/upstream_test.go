@@ -304,7 +304,7 @@ func TestMetricsDurationAndBudget(t *testing.T) {
 		if h != nil && h.GetSampleCount() == 1 && r != nil && r.GetSampleCount() == 1 {
 			break // both answers observed (the rejected one's too)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls (see above)
 	}
 	h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed")
 	if h == nil || h.GetSampleCount() != 1 || h.GetSampleSum() < 0.06 || h.GetSampleSum() > 5 {

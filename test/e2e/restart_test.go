@@ -116,7 +116,7 @@ func (ap *agentProc) waitRunning(t *testing.T, pod string) time.Duration {
 		if ap.cmd.ProcessState != nil {
 			break
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls another process's admin API
 	}
 	t.Fatalf("agent not running pod %s; log:\n%s", pod, ap.log.String())
 	return 0
@@ -309,7 +309,7 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 		if err == nil && len(tv.Attempts) == 2 {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls another process (its admin API, its log and the pod's path)
 	}
 	if len(tv.Attempts) != 2 || tv.Attempts[0].Status != 503 || tv.Attempts[0].Decision != "retry" || tv.Attempts[1].Status != 200 {
 		t.Fatalf("explain %s: %+v", id, tv)
@@ -354,7 +354,7 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 			gone = true
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls another process (its admin API, its log and the pod's path)
 	}
 	if !gone {
 		t.Fatalf("pod not removed after the pods file changed:\n%s", a2.log.String())
