@@ -343,8 +343,13 @@ func holdConns(mode string, req request) heldReport {
 			fates <- fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Egret-Outcome"))
 		}()
 	}
+	// One client for every look, its connection closed at the end: a new
+	// client per look leaves an idle connection, a descriptor of the
+	// agent's, behind each time, and the agent runs out of them.
+	adm := agent.AdminClient(req.Admin)
+	defer adm.CloseIdleConnections()
 	held := func() int {
-		resp, err := agent.AdminClient(req.Admin).Get("http://egret/pods/" + req.Pod)
+		resp, err := adm.Get("http://egret/pods/" + req.Pod)
 		if err != nil {
 			return -1
 		}

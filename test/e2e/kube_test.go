@@ -173,7 +173,9 @@ func TestKubernetesAgent(t *testing.T) {
 // podStatus asks the agent's admin API about one pod (zero if unknown).
 func podStatus(t *testing.T, admin, name string) agent.PodStatus {
 	t.Helper()
-	resp, err := agent.AdminClient(admin).Get("http://egret/pods/" + name)
+	c := agent.AdminClient(admin)
+	defer c.CloseIdleConnections() // or each call leaves one of the agent's descriptors held
+	resp, err := c.Get("http://egret/pods/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}

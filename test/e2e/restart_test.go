@@ -103,6 +103,7 @@ func (ap *agentProc) waitRunning(t *testing.T, pod string) time.Duration {
 	t.Helper()
 	start := time.Now()
 	c := agent.AdminClient(ap.admin)
+	defer c.CloseIdleConnections()
 	for time.Since(start) < 15*time.Second {
 		resp, err := c.Get("http://egret/pods/" + pod)
 		if err == nil {
@@ -300,8 +301,10 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	}
 	// The agent's admin API explains it, and its metrics count the pod.
 	var tv agent.TraceView
+	adm := agent.AdminClient(a2.admin)
+	defer adm.CloseIdleConnections()
 	for range 100 {
-		resp, err := agent.AdminClient(a2.admin).Get("http://egret/explain/" + id)
+		resp, err := adm.Get("http://egret/explain/" + id)
 		if err == nil {
 			err = json.NewDecoder(resp.Body).Decode(&tv)
 			resp.Body.Close()
