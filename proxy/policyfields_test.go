@@ -288,7 +288,14 @@ func TestEveryPolicyFieldActs(t *testing.T) {
 				// The overall timeout, waits included, bounds the attempts
 				// well below max_attempts.
 				a = r[0].do("GET", "/down", "503", nil, "")
-				if a.status != 503 || a.attempts < 2 || a.attempts >= 50 || a.rec.Arrivals != a.attempts || a.lastReason() != "deadline" {
+				// The deadline may cut the last attempt before its head
+				// went out (on a loaded machine): the ledger then saw one
+				// arrival less, and that attempt must say not_sent.
+				sent := a.attempts
+				if n := len(a.tr.Attempts); n > 0 && a.tr.Attempts[n-1].Evidence == engine.NotSent {
+					sent--
+				}
+				if a.status != 503 || a.attempts < 2 || a.attempts >= 50 || a.rec.Arrivals != sent || a.lastReason() != "deadline" {
 					t.Errorf("500ms, GET meeting 503 every time: %v; want 503 after 2..49 attempts, the last denied for deadline", a)
 				}
 				if a.elapsed >= 2*time.Second {
