@@ -47,6 +47,7 @@ func (a *Agent) Admin() http.Handler { return AdminHandler(a) }
 //	GET /pods/{name}      PodStatus
 //	GET /upstreams        []UpstreamStatus (node-wide budgets in use)
 //	GET /explain/{id}     TraceView of an Egret-Request-Id
+//	GET /observe, /policy see addObserve
 func AdminHandler(src AdminSource) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
@@ -77,6 +78,7 @@ func AdminHandler(src AdminSource) http.Handler {
 		v.Pod = pod
 		writeJSON(w, http.StatusOK, v)
 	})
+	addObserve(mux, src) // GET /observe, GET /policy (admin_observe.go)
 	return mux
 }
 

@@ -295,6 +295,9 @@ func New(cfg Config) (*Agent, error) {
 	if a.cfg.TracesPerPod <= 0 {
 		a.cfg.TracesPerPod = DefaultTracesPerPod
 	}
+	if a.cfg.Proxy.Tap == nil {
+		a.cfg.Proxy.Tap = proxy.NewTap(0) // one for the node: egret observe
+	}
 	return a, nil
 }
 

@@ -55,6 +55,9 @@ type conn struct {
 	// perhaps still coming (a refused request's body, the rest of a
 	// one-shot body); aborted: it was reset on purpose.
 	linger, aborted bool
+	// bodyBegun: a relayed response body has begun going to the client
+	// (read by Shutdown's cut: such a response can only be reset).
+	bodyBegun atomic.Bool
 }
 
 // Lingering close: how long and how much of the client's remaining input
@@ -148,7 +151,19 @@ func (r *prefixReader) wait() bool {
 		r.off, r.n = 0, n
 		return true
 	}
-	err := r.rc.Read(r.readFn)
+	var err error
+	if r.cut != nil && r.cut.Load() {
+		// Shutdown's grace is over (checked after the caller set its
+		// deadline; the cut's deadline in the past would keep even a
+		// request already here from being read): what has arrived is
+		// taken, to be answered, and nothing is waited for.
+		ok := false
+		if err = r.rc.Control(func(fd uintptr) { ok = r.readFn(fd) }); err == nil && !ok {
+			return false
+		}
+	} else {
+		err = r.rc.Read(r.readFn)
+	}
 	n, rerr := r.rn, r.rerr
 	r.rerr = nil
 	if err != nil || rerr != nil || n <= 0 {
@@ -237,7 +252,9 @@ func (c *conn) serve() {
 		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 		c.dst, c.dstAddr, c.dstHost = dst, dst.String(), dst.Addr().String()
 		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
-		if err != nil {
+		if err != nil || proto != ProtoHTTP1 && c.s.cut.Load() {
+			// Gone, or Shutdown's grace is over and this is no request
+			// it could answer: the connection ends.
 			return
 		}
 		if proto == ProtoSilent {
@@ -315,6 +332,12 @@ func (c *conn) next() bool {
 		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
 		return false
 	}
+	if c.s.cut.Load() {
+		// A request that arrived as Shutdown's grace ended: none of it
+		// went anywhere.
+		c.shutdownAnswer(req, newRequestID(), start, "egret shut down as the request came")
+		return false
+	}
 	keep := c.handle(req, head, start)
 	c.linger = !keep
 	return keep
@@ -379,10 +402,15 @@ func (c *conn) answer(req *http.Request, a *answer) bool {
 // take a cut response for a complete one.
 func (c *conn) abort() {
 	c.aborted = true
-	if l, ok := c.c.(interface{ SetLinger(int) error }); ok {
+	closeWithReset(c.c)
+}
+
+// closeWithReset closes nc with a reset (SO_LINGER 0) rather than a clean end.
+func closeWithReset(nc net.Conn) {
+	if l, ok := nc.(interface{ SetLinger(int) error }); ok {
 		l.SetLinger(0)
 	}
-	c.c.Close()
+	nc.Close()
 }
 
 // passthrough connects the client to its original destination and copies
@@ -523,8 +551,10 @@ func (c *conn) silent() Protocol {
 		cfg.Metrics.lateHTTP()
 		return ProtoHTTP1
 	}
-	if cl.err != nil && !errors.Is(cl.err, os.ErrDeadlineExceeded) && c.br.Buffered() == 0 {
-		// The client left (or Shutdown closed it) before a word.
+	if cl.err != nil && !errors.Is(cl.err, os.ErrDeadlineExceeded) && c.br.Buffered() == 0 || c.s.cut.Load() {
+		// The client left (or Shutdown closed it) before a word, or
+		// Shutdown's grace ended (its deadline in the past ended the
+		// wait) with no request to answer.
 		up.Close()
 		return ""
 	}

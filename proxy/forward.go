@@ -562,6 +562,7 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 	if status == 0 {
 		status = http.StatusBadGateway
 	}
+	outcome = c.cutAfterHead(tr, outcome)
 	n := attemptsOf(tr, err)
 	c.s.cfg.Metrics.request(outcome.String())
 	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome.String(), n, tr)
@@ -571,8 +572,33 @@ func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start ti
 	return keep && ok
 }
 
+// cutAfterHead is the rule for a request that Shutdown's cut (its grace
+// over, the attempts cancelled) finds after the upstream's response head
+// came and before a byte of the response reached the client: it is
+// answered, never left with a connection that ends without a word. The
+// runner returns a response only once it holds the body's first chunk (or
+// its end), so a cut there is an attempt that broke in its body
+// (partial_response), answered here by answerFailure: 502 failed when the
+// request is idempotent (sending it again is safe), 502 with
+// Egret-Outcome ambiguous when it is not. The engine calls a non-idempotent
+// partial response "failed" (the upstream answered, so it ran); but here
+// egret itself cut an answer the upstream may have meant as a success, and
+// the client cannot know what became of its request: ambiguous, the answer
+// that says not to send it again blindly. From the first byte relay
+// writes, the response has begun and the cut resets the connection
+// instead (a clean end could pass for the body's).
+func (c *conn) cutAfterHead(tr *retry.Trace, o engine.Outcome) engine.Outcome {
+	if o == engine.OutcomeFailed && c.s.cut.Load() && tr != nil && !tr.Idempotent {
+		return engine.OutcomeAmbiguous
+	}
+	return o
+}
+
 // relay writes the upstream's response to the client as it comes. It
-// reports whether the connection may carry another request.
+// reports whether the connection may carry another request. The head goes
+// out with the body's first chunk, which the runner holds before it
+// returns a response: once relay writes, the body has begun (bodyBegun),
+// and Shutdown's cut can only reset the connection (see cutAfterHead).
 func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start time.Time, keep bool) bool {
 	defer resp.Body.Close()
 	tr, traced := retry.TraceOf(resp)
@@ -639,6 +665,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	bw.WriteString("\r\n")
 	var copyErr error
 	if !noBody {
+		defer c.bodyBegun.Store(false)
 		copyErr = c.copyBody(resp.Body, chunk)
 	}
 	if copyErr == nil {
@@ -662,6 +689,9 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			if !c.bodyBegun.Load() {
+				c.bodyBegun.Store(true) // from here on, Shutdown's cut resets
+			}
 			c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 			if chunk {
 				c.bw.Write(strconv.AppendInt(c.bw.AvailableBuffer(), int64(n), 16))
@@ -798,6 +828,7 @@ type requestLog struct {
 func (c *conn) logRequest(l requestLog) {
 	now := time.Now()
 	c.s.cfg.Metrics.answered(l.outcome, now.Sub(l.start))
+	c.tap(&l, now)
 	ctx := context.Background()
 	h := c.s.cfg.Logger.Handler()
 	if !c.s.cfg.AccessLog.logged(&l) || !h.Enabled(ctx, slog.LevelInfo) {

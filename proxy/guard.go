@@ -161,13 +161,15 @@ func (s *Server) connectAllowed(port string) error {
 
 // logURL is u as log lines and traces show it: without user information,
 // and without the query string and fragment unless Config.LogQuery.
-func (s *Server) logURL(u *url.URL) string {
-	if u.User == nil && (s.cfg.LogQuery || u.RawQuery == "" && !u.ForceQuery && u.Fragment == "") {
+func (s *Server) logURL(u *url.URL) string { return logURL(u, s.cfg.LogQuery) }
+
+func logURL(u *url.URL, logQuery bool) string {
+	if u.User == nil && (logQuery || u.RawQuery == "" && !u.ForceQuery && u.Fragment == "") {
 		return u.String()
 	}
 	v := *u
 	v.User = nil
-	if !s.cfg.LogQuery {
+	if !logQuery {
 		v.RawQuery, v.ForceQuery, v.Fragment, v.RawFragment = "", false, "", ""
 	}
 	return v.String()

@@ -126,6 +126,8 @@ type Config struct {
 	// counted by Metrics).
 	Bulkheads *Bulkheads
 	Traces    *Traces
+	// Tap gets every finished request, for `egret observe` (nil: none).
+	Tap *Tap
 	// Metrics count what only the proxy sees (egret_proxy_...);
 	// RetryMetrics the attempt runner's attempts, decisions, outcomes and
 	// witness upgrades (egret_retry_...). Either may be nil.
@@ -340,6 +342,9 @@ func New(cfg Config) (*Server, error) {
 // Traces is the store of recent requests' traces.
 func (s *Server) Traces() *Traces { return s.cfg.Traces }
 
+// Policy is the server's source of policy.
+func (s *Server) Policy() PolicySource { return s.cfg.Policy }
+
 // Bulkheads is the registry of per-upstream bulkheads.
 func (s *Server) Bulkheads() *Bulkheads { return s.cfg.Bulkheads }
 
@@ -413,10 +418,11 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // answered as any failed request is (503 not-sent when no byte of it can
 // have reached the upstream, 502/504 failed or ambiguous otherwise, with
 // Egret-Outcome and its log line); a request whose body was still being
-// read from the client gets 503 not-sent. Only a connection whose response
-// body has begun (it cannot be answered again), a tunnel or a passthrough
-// is cut at once. The answers get up to AnswerGrace; what is left then is
-// closed.
+// read from the client gets 503 not-sent, and so does one already in the
+// socket of a connection not yet spoken on. Only a connection whose
+// response body has begun (it cannot be answered again), a tunnel or a
+// passthrough is cut at once, with a reset. The answers get up to
+// AnswerGrace; what is left then is reset.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
 	s.closing.Store(true)
@@ -456,12 +462,22 @@ func (s *Server) cutInFlight() {
 	s.cancel()
 	s.mu.Lock()
 	for c := range s.conns {
-		if c.state == stateActive {
+		switch {
+		case c.state == stateTunnel, c.state == stateActive && c.bodyBegun.Load():
+			// A response whose body has begun cannot be answered again,
+			// and a tunnel or passthrough has no request egret could
+			// answer: cut, with a reset, so that the client cannot take
+			// what it got for the whole (a body that ends with the
+			// connection would look complete).
+			closeWithReset(c.c)
+		case c.state == stateActive, c.state == stateNew:
 			// A read from the client (a request head or body) ends now;
 			// the conn answers it 503 not-sent. The reader checks cut
 			// after setting its own deadline, so this one is not lost.
+			// A new connection's request already here is read and
+			// answered so; with none, the connection just ends.
 			c.c.SetReadDeadline(aLongTimeAgo)
-		} else {
+		default:
 			c.c.Close()
 		}
 	}
@@ -481,10 +497,12 @@ func (s *Server) cutInFlight() {
 		select {
 		case <-s.changed:
 		case <-timer.C:
+			// Not answered in time: reset, never a clean end that could
+			// pass for a complete answer.
 			s.mu.Lock()
 			s.shut = true
 			for c := range s.conns {
-				c.c.Close()
+				closeWithReset(c.c)
 			}
 			s.mu.Unlock()
 			return
@@ -538,6 +556,7 @@ func (s *Server) newConn(nc net.Conn) *conn {
 	}
 	s.conns[c] = struct{}{}
 	s.cfg.Metrics.connOpened()
+	s.signal()
 	return c
 }
 

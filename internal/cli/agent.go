@@ -243,7 +243,7 @@ func runAgent(c *cli.Context) error {
 
 	if sock := c.String("admin"); sock != "" {
 		go func() {
-			if err := a.ServeAdmin(ctx, sock); err != nil {
+			if err := agent.ServeAdminHandler(ctx, sock, agent.WithAbout(a.Admin(), version(), true)); err != nil {
 				log.Error("admin API", "err", err)
 			}
 		}()
@@ -316,7 +316,7 @@ func adminCommands() []*cli.Command {
 		return &cli.Command{
 			Name:  name,
 			Usage: help,
-			Flags: []cli.Flag{sock},
+			Flags: []cli.Flag{sock, outputFlag},
 			Action: func(c *cli.Context) error {
 				if c.NArg() > 0 {
 					return usage("%s takes no arguments", name)
@@ -325,20 +325,20 @@ func adminCommands() []*cli.Command {
 				if err != nil {
 					return err
 				}
-				_, err = c.App.Writer.Write(body)
-				return err
+				return printQuery(c, name, body) // output.go
 			},
 		}
 	}
 	return []*cli.Command{
-		get("status", "the agent's (or proxy's) summary (JSON)", "/status"),
-		get("pods", "the pods and their state (JSON)", "/pods"),
-		get("upstreams", "the node-wide retry budget of each upstream in use (JSON)", "/upstreams"),
+		get("status", "the agent's (or proxy's) summary, version, kernel and eBPF features", "/status"),
+		get("pods", "the pods and their state", "/pods"),
+		get("upstreams", "the node-wide retry budget of each upstream in use", "/upstreams"),
+		observeCommand(sock), policyCommand(sock),
 		{
 			Name:      "explain",
 			Usage:     "what egret did with one request, by its Egret-Request-Id",
 			ArgsUsage: "REQUEST-ID",
-			Flags:     []cli.Flag{sock, &cli.BoolFlag{Name: "json", Usage: "print the trace as JSON"}},
+			Flags:     []cli.Flag{sock, outputFlag, &cli.BoolFlag{Name: "json", Usage: "print the trace as JSON (-o json)"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
 					return usage("explain needs one REQUEST-ID (the Egret-Request-Id of an answer, such as 8e13ac3b035fce95)")
@@ -351,7 +351,11 @@ func adminCommands() []*cli.Command {
 				if err != nil {
 					return err
 				}
-				if c.Bool("json") {
+				format, err := outputFormat(c)
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") || format == outputJSON {
 					_, err = c.App.Writer.Write(body)
 					return err
 				}

@@ -23,7 +23,7 @@ func App() *cli.App {
 		agentCommand(), runCommand(),
 		// The agent's admin calls (status, pods, upstreams, explain)
 		// stand at the top as well as under `egret agent`.
-	}, append(adminCommands(), versionCommand())...)
+	}, append(adminCommands(), versionCommand(), completionCommand())...)
 	withManners(cmds, "egret")
 	app := &cli.App{
 		Name:     "egret",
@@ -36,6 +36,8 @@ func App() *cli.App {
 			&cli.BoolFlag{Name: "version", Usage: "print egret's version and exit"},
 		},
 		HideHelpCommand: true,
+		// --generate-bash-completion: what `egret completion` scripts ask.
+		EnableBashCompletion: true,
 		Action: func(c *cli.Context) error {
 			switch {
 			case c.Bool("version"):

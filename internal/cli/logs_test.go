@@ -124,7 +124,7 @@ func TestProxyJSONLogsAccessErrorsAndAdmin(t *testing.T) {
 	if tv.Outcome != "relayed" || len(tv.Attempts) != 2 || tv.Attempts[0].Decision != "retry" || tv.Attempts[0].Reason != "status" {
 		t.Fatalf("explain --json: %+v", tv)
 	}
-	if out := admin("explain", ids["/ok"]); !strings.HasPrefix(out, "request "+ids["/ok"]+": GET ") || !strings.Contains(out, "outcome relayed after 1 attempt(s)") {
+	if out := admin("explain", "-o", "table", ids["/ok"]); !strings.HasPrefix(out, "request "+ids["/ok"]+": GET ") || !strings.Contains(out, "outcome relayed after 1 attempt(s)") {
 		t.Fatalf("explain: %q", out)
 	}
 	if out := admin("upstreams"); !strings.Contains(out, `"upstream": "`+ln.Addr().String()+`"`) {

@@ -170,6 +170,7 @@ func runProxy(c *cli.Context) error {
 		Budgets:      budgets,
 		Policy:       src,
 		Witness:      witness.TCPInfo{},
+		Tap:          proxy.NewTap(0),
 		Metrics:      pm,
 		RetryMetrics: rm,
 		Logger:       log,
@@ -197,7 +198,7 @@ func runProxy(c *cli.Context) error {
 		adminDone := make(chan struct{})
 		go func() {
 			defer close(adminDone)
-			if err := agent.ServeAdminHandler(actx, sock, agent.AdminHandler(src)); err != nil {
+			if err := agent.ServeAdminHandler(actx, sock, agent.WithAbout(agent.AdminHandler(src), version(), false)); err != nil {
 				log.Error("admin API", "err", err)
 			}
 		}()

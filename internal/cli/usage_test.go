@@ -149,7 +149,7 @@ func TestExplainAsksOnlyForRequestIDs(t *testing.T) {
 			t.Errorf("explain %q: exit %d, want 2", id, code)
 		}
 	}
-	out, errOut, code := egret("explain", "--admin", sock, "8e13ac3b035fce95")
+	out, errOut, code := egret("explain", "--admin", sock, "-o", "table", "8e13ac3b035fce95")
 	if code != 0 || !strings.HasPrefix(out, "request 8e13ac3b035fce95 from pod default/web") {
 		t.Errorf("explain: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}

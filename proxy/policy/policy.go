@@ -136,7 +136,9 @@ type Upstream struct {
 	TLS        TLS
 	Credential Credential
 
-	named     bool // Name came from the file, or host and port are fixed
+	named bool // Name came from the file, or host and port are fixed
+	// origins says where each field set by the file came from (Fields).
+	origins   map[string]fieldOrigin
 	tlsConfig *tls.Config
 	tlsID     string // digest of what tlsConfig was built from
 	refresher *Refresher

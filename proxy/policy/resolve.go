@@ -319,6 +319,7 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 	r.entry = pos{file: source}
 	r.check(&def, defOrigins)
 	r.finish(&def, defOrigins, "defaults")
+	def.origins = layerOrigins(defOrigins, len(docs))
 	p.Defaults = &def
 	def.dests = newDestCache()
 
@@ -385,6 +386,14 @@ func build(source string, docs []*rawDoc, parents []*Policy) (*Policy, error) {
 		}
 		r.check(&u, o)
 		r.finish(&u, o, last.at.path+" ("+g.key.String()+")")
+		u.origins = layerOrigins(o, len(docs))
+		if _, explicit := o["name"]; !explicit && u.named {
+			from := FromEntry
+			if g.ranks[len(g.ranks)-1] > len(docs) {
+				from = FromPodEntry
+			}
+			u.origins["name"] = fieldOrigin{from, last.at}
+		}
 		if u.named {
 			if prev, ok := names[u.Name]; ok && prev.Budget != u.Budget {
 				r.errAt(nameOrHost(o, last), ErrConflict,

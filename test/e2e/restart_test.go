@@ -329,7 +329,7 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	t.Logf("explain %s over the admin socket: attempt 1 %d %s/%s, attempt 2 %d", id, tv.Attempts[0].Status,
 		tv.Attempts[0].Decision, tv.Attempts[0].Reason, tv.Attempts[1].Status)
 	// The same through the command line.
-	out, err := exec.Command(egretBinary(t), "agent", "explain", "--admin", a2.admin, id).CombinedOutput()
+	out, err := exec.Command(egretBinary(t), "agent", "explain", "-o", "table", "--admin", a2.admin, id).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "attempt 2: status 200") {
 		t.Fatalf("egret agent explain: %v\n%s", err, out)
 	}

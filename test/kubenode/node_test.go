@@ -52,6 +52,7 @@ func TestRealNode(t *testing.T) {
 
 	ok := t.Run("RetryThroughOptedInPod", c.testRetry)
 	ok = t.Run("PodIdentity", c.testIdentity) && ok
+	t.Run("KubectlEgret", c.testKubectlEgret)
 	t.Run("Lifecycle", func(t *testing.T) {
 		t.Run("OptInAndOutByAnnotation", c.testAnnotation)
 		t.Run("InitContainer", c.testInitContainer)
@@ -94,7 +95,7 @@ func (c *cluster) testIdentity(t *testing.T) {
 	if s, ok := pods[c.ns+"/client"]; !ok || s.State != "running" {
 		t.Fatalf("admin API /pods: %v", pods)
 	}
-	out, err := c.n.KubectlErr("exec", "-n", egretNS, ap.Name, "--", "/egret", "explain", "--admin", "/run/egret/agent.sock", id)
+	out, err := c.n.KubectlErr("exec", "-n", egretNS, ap.Name, "--", "/egret", "explain", "-o", "table", "--admin", "/run/egret/agent.sock", id)
 	if err != nil {
 		t.Fatalf("egret explain: %v\n%s", err, out)
 	}

@@ -137,7 +137,7 @@ func TestREADMEExamples(t *testing.T) {
 	}
 	// The examples the READMEs must keep; a removed one fails here.
 	keep := map[string][]string{
-		"README.md":              {"egret proxy", "curl -si -x", "egret run --", "egret agent --pods", "egret explain", "egret simulate", "egret proxy --grace 5", "egret prxy"},
+		"README.md":              {"egret proxy", "curl -si -x", "egret run --", "egret agent --pods", "egret explain", "egret observe", "egret policy", "egret simulate", "egret proxy --grace 5", "egret prxy"},
 		"agent/README.md":        {"egret run --", "egret run --netns new", "egret agent --pods", "egret pods"},
 		"proxy/policy/README.md": {"egret proxy --policy"},
 	}
