@@ -69,15 +69,18 @@ func start(t *testing.T, fake *Fake, ps ...pods.Pod) *harness {
 	return h
 }
 
+// eventually polls cond (the agent's state: its pods, the fake attacher's
+// calls, which announce nothing) every 5 ms until a 10 s deadline.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 500 {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if cond() {
 			return
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	t.Fatalf("never: %s", what)
+	if !cond() {
+		t.Fatalf("never: %s", what)
+	}
 }
 
 func (h *harness) state(name string) string {
@@ -270,6 +273,8 @@ func TestReady(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
 	go b.Run(ctx)
+	// Not synchronisation: the source never lists, so no event comes; a
+	// while after Run starts, Ready must still refuse (an absence).
 	time.Sleep(50 * time.Millisecond)
 	if err := b.Ready(); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "listed") {
 		t.Fatalf("source not synced: %v", err)

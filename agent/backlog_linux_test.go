@@ -37,13 +37,13 @@ func TestWaitAcceptedSeesTheQueue(t *testing.T) {
 		t.Fatal("waitAccepted returned with connections still queued")
 	}
 	go func() {
-		time.Sleep(30 * time.Millisecond)
+		time.Sleep(30 * time.Millisecond) // not synchronisation: the accepts come late, the wait the test measures
 		for range 3 {
 			if c, err := al.Accept(); err == nil {
 				defer c.Close()
 			}
 		}
-		time.Sleep(time.Second) // keep them open while the test looks
+		time.Sleep(time.Second) // not synchronisation: keep them open while the test looks
 	}()
 	start := time.Now()
 	if !waitAccepted([]*acceptListener{al}, 5*time.Second) {

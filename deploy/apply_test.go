@@ -326,7 +326,7 @@ func checkSourceRuns(ctx context.Context, t *testing.T, admin kubernetes.Interfa
 			mu.Lock()
 			t.Fatalf("Warning Events: listed pod %d, watched pod %d, want 1 each (can the agent watch pods and create events?); reported %v", len(lev), len(wev), reported)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polls the API server for the agent's Events
 	}
 	mu.Lock()
 	n := len(reported)
@@ -353,7 +353,7 @@ func checkSourceRuns(ctx context.Context, t *testing.T, admin kubernetes.Interfa
 		if time.Now().After(deadline) {
 			t.Fatalf("the repeated Event was not counted (can the agent patch events?): %+v", evs)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polls the API server for the Event's count
 	}
 }
 

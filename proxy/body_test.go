@@ -100,7 +100,8 @@ func TestBodiesBySize(t *testing.T) {
 			}
 		}
 	}
-	// Spool files are gone once requests end.
+	// Spool files are gone once requests end. Polls: they are removed as
+	// each request's runner returns, after its answer, with no event.
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		ents, _ := os.ReadDir(spoolDir)
@@ -110,7 +111,7 @@ func TestBodiesBySize(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d spool files left after the requests ended", len(ents))
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls (see above)
 	}
 }
 

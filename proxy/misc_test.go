@@ -262,7 +262,9 @@ func TestRequestLogLine(t *testing.T) {
 	rawRequest(t, p.addr, "GET "+up.url("/")+" HTTP/2.0\r\nHost: x\r\n\r\n")
 	var lines []string
 	for deadline := time.Now().Add(2 * time.Second); len(lines) < 2 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond) // a line is logged after the answer is written
+		// Polls: a line is logged after the answer is written, and the
+		// log has no event to wait on.
+		time.Sleep(time.Millisecond)
 		lines = lines[:0]
 		for l := range strings.Lines(out.String()) {
 			if strings.Contains(l, "msg=request") {
@@ -305,14 +307,14 @@ func TestTunnelOutlivesHeadDeadline(t *testing.T) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	io.WriteString(c, "CONNECT "+ln.Addr().String()+" HTTP/1.1\r\n")
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // not synchronisation: a head in two pieces, so that its deadline is set
 	io.WriteString(c, "Host: x\r\n\r\n")
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("CONNECT: %v %v", resp, err)
 	}
-	time.Sleep(250 * time.Millisecond) // past the head's deadline
+	time.Sleep(250 * time.Millisecond) // not synchronisation: time past the head's deadline, the test's subject
 	io.WriteString(c, "ping")
 	if b := <-got; string(b) != "ping" {
 		t.Fatalf("destination got %q", b)

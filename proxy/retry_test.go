@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/engine"
 )
 
 // fastRetries is a policy with short, fixed waits so tests run quickly.
@@ -48,11 +50,7 @@ func TestRetryVisibleInAttempts(t *testing.T) {
 	}
 	// The trace store knows the request by the id the client saw.
 	id := resp.Header.Get(HeaderRequestID)
-	var tr, ok = p.Traces().Get(id)
-	for i := 0; !ok && i < 100; i++ { // OnTrace runs as the body ends
-		time.Sleep(5 * time.Millisecond)
-		tr, ok = p.Traces().Get(id)
-	}
+	tr, ok := waitTrace(p, id)
 	if !ok {
 		t.Fatalf("no trace for request %s", id)
 	}
@@ -215,6 +213,9 @@ func TestResponseBodyBreakAbortsClient(t *testing.T) {
 			return
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"+strings.Repeat("a", 100))
+		// Not synchronisation: the upstream breaks off 50 ms into the
+		// body, as a failing server does (the break, not its time, is
+		// checked).
 		time.Sleep(50 * time.Millisecond)
 		resetConn(c)
 	})
@@ -309,7 +310,8 @@ defaults:
 	<-attempt
 	bh := func() *Bulkhead { return p.Bulkheads().Lookup(addr) }
 	// Attempt 1 ended with a reset; the runner waits 600 ms. Look in the
-	// middle of the wait.
+	// middle of the wait (not synchronisation: no event marks "waiting",
+	// the test looks at what is held while it lasts).
 	time.Sleep(250 * time.Millisecond)
 	if got := dial.open.Load(); got != 0 {
 		t.Errorf("during the backoff %d upstream connections are open, want 0", got)
@@ -340,6 +342,8 @@ defaults:
 	}
 	checkEgretHeaders(t, resp, "2")
 	readAll(t, resp.Body)
+	// Polls: the permit goes back as the runner returns, after the
+	// client's last byte, and nothing announces it.
 	deadline := time.Now().Add(2 * time.Second)
 	for bh().InUse() != 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
@@ -350,8 +354,14 @@ defaults:
 }
 
 func TestBulkheadRejects(t *testing.T) {
-	block := make(chan struct{})
-	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { <-block })
+	block, arrived := make(chan struct{}), make(chan struct{}, 1)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-block
+	})
 	defer close(block)
 	m := testMetrics(t)
 	bhs := NewBulkheads()
@@ -363,10 +373,7 @@ defaults:
   bulkhead: 1
 `)})
 	go p.client().Get(up.url("/hold")) // takes the only permit
-	deadline := time.Now().Add(2 * time.Second)
-	for up.requests.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	<-arrived                          // and holds it at the upstream
 	resp, err := p.client().Get(up.url("/second"))
 	if err != nil {
 		t.Fatal(err)
@@ -415,12 +422,22 @@ func TestDrainDeniesRetriesAndLetsInFlightFinish(t *testing.T) {
 		defer cancel()
 		shut <- p.Shutdown(ctx)
 	}()
+	// Polls: Shutdown has no event for "draining" (Draining is a flag)
+	// nor for its listener's close.
 	deadline := time.Now().Add(2 * time.Second)
 	for !p.Draining() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	// New connections are refused once draining.
-	time.Sleep(20 * time.Millisecond)
+	// New connections are refused once draining: Shutdown closes the
+	// listener just after it sets the flag. Polls: no event tells of the
+	// close, a refused dial does.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		c, err := net.DialTimeout("tcp", p.addr, time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+	}
 	if c, err := net.DialTimeout("tcp", p.addr, time.Second); err == nil {
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url("/"))
@@ -470,14 +487,39 @@ func TestDrainingDeniesRetries(t *testing.T) {
 	}
 }
 
-func waitTrace(p *testProxy, id string) (tr retryTrace, ok bool) {
-	for range 200 {
-		if tr, ok = p.Traces().Get(id); ok {
-			return tr, ok
-		}
-		time.Sleep(5 * time.Millisecond)
+// waitTrace returns the trace of request id, waiting (at most 5 s, a
+// failure deadline) for the store to be given it: the runner's OnTrace runs
+// as the response's body ends, after the client may have read it all. It
+// watches the store before looking in it, so that no Put is missed.
+func waitTrace(p *testProxy, id string) (retryTrace, bool) {
+	all, done := make(chan retryTrace), make(chan struct{})
+	defer close(done)
+	for _, o := range []engine.Outcome{engine.OutcomeNone, engine.OutcomeNotSent, engine.OutcomeFailed, engine.OutcomeAmbiguous} {
+		ch, stop := p.Traces().Watch(o, 64)
+		defer stop()
+		go func() {
+			for tr := range ch {
+				select {
+				case all <- tr:
+				case <-done:
+				}
+			}
+		}()
 	}
-	return tr, false
+	if tr, ok := p.Traces().Get(id); ok {
+		return tr, true
+	}
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case tr := <-all:
+			if tr.RequestID == id {
+				return tr, true
+			}
+		case <-deadline:
+			return retryTrace{}, false
+		}
+	}
 }
 
 func TestShutdownClosesIdleKeepAlive(t *testing.T) {
@@ -519,6 +561,7 @@ type slowReader struct {
 
 func (s *slowReader) Read(p []byte) (int, error) {
 	if s.reads.Add(1) > 1 {
+		// Not synchronisation: the slowness this reader exists to make.
 		time.Sleep(1500 * time.Millisecond)
 	}
 	return s.Conn.Read(p)
@@ -557,6 +600,9 @@ func TestAttemptsCountDispatchesNotReconnects(t *testing.T) {
 					arrivals.Add(1)
 					if n == 1 {
 						io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
+						// Not synchronisation: the idle connection is
+						// reset a moment after its 429, as a server that
+						// closes it does.
 						time.Sleep(50 * time.Millisecond)
 						c.(*net.TCPConn).SetLinger(0) // reset the idle connection
 						return
@@ -596,9 +642,12 @@ func (p *testProxy) connCount() int {
 	return len(p.conns)
 }
 
+// waitConns polls the connections the proxy holds (the server announces
+// none of its accepts) until a 10 s deadline (a failure bound, not a
+// count of polls, whose time a loaded machine stretches).
 func waitConns(t *testing.T, p *testProxy, n int) {
 	t.Helper()
-	for range 1000 {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		if p.connCount() == n {
 			return
 		}
@@ -625,10 +674,12 @@ func TestShutdownServesNewConnection(t *testing.T) {
 		defer cancel()
 		shut <- p.Shutdown(ctx)
 	}()
-	for !p.Draining() {
+	for !p.Draining() { // polls: Draining is a flag, with no event
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(50 * time.Millisecond) // several of Shutdown's rounds
+	// Not synchronisation: the connection stays idle through several of
+	// Shutdown's rounds, the delay the test is about.
+	time.Sleep(50 * time.Millisecond)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", up.url("/"))
 	br := bufio.NewReader(c)
@@ -715,9 +766,11 @@ func TestShutdownWaitsForAcceptInHand(t *testing.T) {
 		defer cancel()
 		shut <- s.Shutdown(ctx)
 	}()
-	for !s.Draining() {
+	for !s.Draining() { // polls: Draining is a flag, with no event
 		time.Sleep(time.Millisecond)
 	}
+	// Not synchronisation: a window in which Shutdown must not return
+	// (an absence no event can show).
 	time.Sleep(30 * time.Millisecond)
 	select {
 	case err := <-shut:

@@ -146,7 +146,7 @@ func TestTransparentPassthroughTLS(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		time.Sleep(silence)
+		time.Sleep(silence) // not synchronisation: the client's silence under test
 		// A real ClientHello from crypto/tls, captured on the way.
 		hello := captureClientHello(t)
 		c.Write(hello)
@@ -473,12 +473,16 @@ func TestTransparentLateHTTPIsServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// Past the sniff timeout, and until the dial for the silent case is done.
+	// Past the sniff timeout, and until the dial for the silent case is
+	// done. Polls: the upstream's accept count is the only sign of it.
 	for deadline := time.Now().Add(5 * time.Second); up.conns.Load() < 1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the destination was never dialed for the silent connection")
 		}
 	}
+	// Not synchronisation: the request comes late, a while into the wait
+	// for either side to speak that follows the dial; it must be served
+	// wherever in that wait it lands.
 	time.Sleep(100 * time.Millisecond)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "GET /late HTTP/1.1\r\nHost: %s\r\n\r\n", up.addr)

@@ -97,7 +97,7 @@ func TestTransparentPassthroughHTTP2Preface(t *testing.T) {
 	preface := "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 	// Sent in two pieces: the sniffer must wait for enough bytes.
 	io.WriteString(c, preface[:5])
-	time.Sleep(30 * time.Millisecond)
+	time.Sleep(30 * time.Millisecond) // not synchronisation: the gap between the pieces under test
 	io.WriteString(c, preface[5:])
 	select {
 	case b := <-got:

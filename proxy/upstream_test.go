@@ -280,7 +280,7 @@ func TestMetricsDurationAndBudget(t *testing.T) {
 			w.WriteHeader(503)
 			return
 		}
-		time.Sleep(60 * time.Millisecond)
+		time.Sleep(60 * time.Millisecond) // not synchronisation: the duration the histogram must show
 		io.WriteString(w, "slow")
 	})
 	px := startProxy(t, Config{Metrics: m, Policy: mustPolicy(t, fastRetries)})
@@ -295,14 +295,16 @@ func TestMetricsDurationAndBudget(t *testing.T) {
 	checkEgretHeaders(t, resp, "2")
 	rawRequest(t, px.addr, "GET / HTTP/1.1\r\nHost: x\r\n\r\n") // rejected
 	var mfs map[string]*dto.MetricFamily
-	for range 200 { // the answer's log line (and observation) follows its last byte
+	// Polls: the answer's log line (and observation) follows its last
+	// byte, and a registry has no event for a new sample.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		mfs = gatherMap(t, reg)
 		h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed")
 		r := histogramOf(mfs["egret_proxy_request_duration_seconds"], "rejected")
 		if h != nil && h.GetSampleCount() == 1 && r != nil && r.GetSampleCount() == 1 {
 			break // both answers observed (the rejected one's too)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls (see above)
 	}
 	h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed")
 	if h == nil || h.GetSampleCount() != 1 || h.GetSampleSum() < 0.06 || h.GetSampleSum() > 5 {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,7 +27,7 @@ func slowBodyServer(t *testing.T, pieces int, gap time.Duration) *rawServer {
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(pieces)+"\r\n\r\n")
 		for range pieces {
-			time.Sleep(gap)
+			time.Sleep(gap) // not synchronisation: the slow body under test
 			if _, err := io.WriteString(c, "x"); err != nil {
 				return
 			}
@@ -112,8 +113,9 @@ func TestAttemptCtxTimerBeforeTheHead(t *testing.T) {
 	}
 	child, stopChild := context.WithCancel(&a)
 	defer stopChild()
-	var hooked atomic.Bool
-	a.setHook(func() { hooked.Store(true) })
+	hooked := make(chan struct{})
+	var once sync.Once
+	a.setHook(func() { once.Do(func() { close(hooked) }) })
 	select {
 	case <-a.Done():
 	case <-time.After(5 * time.Second):
@@ -125,10 +127,10 @@ func TestAttemptCtxTimerBeforeTheHead(t *testing.T) {
 	if a.Cause() != errAttemptTimeout || !errors.Is(a.Err(), context.Canceled) {
 		t.Fatalf("cause %v, err %v", a.Cause(), a.Err())
 	}
-	for deadline := time.Now().Add(5 * time.Second); !hooked.Load(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the interrupt did not run")
-		}
+	select {
+	case <-hooked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the interrupt did not run")
 	}
 	if a.clearHook() {
 		t.Fatal("clearHook reports a running attempt after its end")
@@ -146,9 +148,10 @@ func TestAttemptCtxHeadThenDeadline(t *testing.T) {
 	if a.headArrived() {
 		t.Fatal("late at once")
 	}
-	var hooked atomic.Bool
-	a.setHook(func() { hooked.Store(true) })
-	time.Sleep(400 * time.Millisecond) // past the attempt timeout
+	hooked := make(chan struct{})
+	var once sync.Once
+	a.setHook(func() { once.Do(func() { close(hooked) }) })
+	time.Sleep(400 * time.Millisecond) // not synchronisation: time past the attempt timeout, which must not end it
 	if a.Err() != nil || a.timedOut() {
 		t.Fatalf("ended by the attempt timeout after the head: %v", a.Err())
 	}
@@ -161,10 +164,10 @@ func TestAttemptCtxHeadThenDeadline(t *testing.T) {
 		t.Fatalf("err %v, cause %v, timedOut %v", a.Err(), a.Cause(), a.timedOut())
 	}
 	// Done closes first; the interrupt follows at once, outside the lock.
-	for deadline := time.Now().Add(5 * time.Second); !hooked.Load(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the interrupt did not run at the deadline")
-		}
+	select {
+	case <-hooked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the interrupt did not run at the deadline")
 	}
 }
 

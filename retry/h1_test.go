@@ -167,8 +167,11 @@ func TestH1MaxIdlePerHost(t *testing.T) {
 			done <- err
 		}()
 	}
-	for seen.Load() < 4 {
-		time.Sleep(time.Millisecond)
+	// Polls: answerEach counts arrivals and announces none.
+	for deadline := time.Now().Add(10 * time.Second); seen.Load() < 4; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 4 requests arrived", seen.Load())
+		}
 	}
 	close(release)
 	for range 4 {
@@ -379,9 +382,13 @@ func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 // request reaches the upstream (it was cut short in silence).
 func TestH1InMemoryBodyLongerThanItsLength(t *testing.T) {
 	var received atomic.Int64
+	ended := make(chan struct{}, 1) // the first connection's end, seen by the server
 	srv := newRawServer(t, func(c net.Conn, n int) {
 		k, _ := io.Copy(io.Discard, c)
 		received.Add(k)
+		if n == 1 {
+			ended <- struct{}{}
+		}
 	})
 	base := NewHTTPTransport(HTTPOptions{})
 	defer base.CloseIdleConnections()
@@ -392,7 +399,11 @@ func TestH1InMemoryBodyLongerThanItsLength(t *testing.T) {
 		t.Fatalf("err %v, want a request_invalid body longer than its Content-Length", err)
 	}
 	base.CloseIdleConnections()
-	time.Sleep(50 * time.Millisecond) // the server sees the connection end
+	select { // the server sees the connection end
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the refused request's connection never ended")
+	}
 	if k := received.Load(); k != 0 {
 		t.Fatalf("the upstream received %d bytes", k)
 	}

@@ -73,6 +73,8 @@ func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int
 						code = http2.ErrCodeEnhanceYourCalm
 					}
 					fr.WriteGoAway(id-1, code, nil) // the last stream before this one
+					// Not synchronisation: a server closes a moment after
+					// its GOAWAY, as real ones do.
 					time.Sleep(20 * time.Millisecond)
 					return
 				}
@@ -102,7 +104,7 @@ func h2Finish(fr *http2.Framer, id uint32, a h2Action, executed *atomic.Int64) b
 	executed.Add(1)
 	if a == h2GoAwayCovers {
 		fr.WriteGoAway(id, http2.ErrCodeNo, nil)
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // not synchronisation: the close a moment after the GOAWAY, as above
 		return false
 	}
 	var hb bytes.Buffer

@@ -16,6 +16,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/witness"
+	"golang.org/x/sys/unix"
 )
 
 // peerState peeks at an idle socket once (see peeker).
@@ -45,13 +46,9 @@ func TestPeerClosed(t *testing.T) {
 	}
 	peer.Write([]byte("HTTP/1.1 408 Request Timeout\r\n\r\n"))
 	pc.tls = true // bytes on a TLS connection may be a session ticket; on plain HTTP/1.1 they are an unsolicited answer
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
-		if _, pending := peerState(wc.raw); pending {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("pending bytes never seen")
-		}
+	waitPoll(t, c, unix.POLLIN, "the peer's bytes")
+	if _, pending := peerState(wc.raw); !pending {
+		t.Fatal("pending bytes not seen")
 	}
 	if pc.stale() {
 		t.Fatal("refused a TLS connection for pending bytes")
@@ -63,12 +60,9 @@ func TestPeerClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	peer.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for fin, _ := peerState(wc.raw); !fin; fin, _ = peerState(wc.raw) {
-		if time.Now().After(deadline) {
-			t.Fatal("the peer's close was never seen")
-		}
-		time.Sleep(time.Millisecond)
+	waitPeerFIN(t, c)
+	if fin, _ := peerState(wc.raw); !fin {
+		t.Fatal("the peer's close not seen")
 	}
 	if !pc.stale() {
 		t.Fatal("a connection the peer closed is not stale under TLS")
@@ -90,19 +84,23 @@ type lazyReader struct {
 
 func (l *lazyReader) Read(p []byte) (int, error) {
 	if l.reads.Add(1) > 1 {
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // not synchronisation: the delay this reader exists to make
 	}
 	return l.Conn.Read(p)
 }
 
 func (l *lazyReader) NetConn() net.Conn { return l.Conn }
 
-// lazyTransport is an HTTPTransport whose connections are lazyReaders.
-func lazyTransport(t *testing.T) *HTTPTransport {
+// lazyTransport is an HTTPTransport whose connections are lazyReaders; each
+// connection it dials is also sent on dialed, if not nil.
+func lazyTransport(t *testing.T, dialed chan<- net.Conn) *HTTPTransport {
 	base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
+		}
+		if dialed != nil {
+			dialed <- c
 		}
 		return &lazyReader{Conn: c}, nil
 	}})
@@ -118,6 +116,9 @@ func lazyTransport(t *testing.T) *HTTPTransport {
 func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 	for _, w := range []witness.Witness{nil, witness.TCPInfo{}} {
 		var executed atomic.Int64
+		// idle: the client has the connection back in its pool; closed:
+		// the upstream has closed it.
+		idle, closed := make(chan struct{}), make(chan struct{})
 		srv := newRawServer(t, func(c net.Conn, n int) {
 			br := bufio.NewReader(c)
 			for {
@@ -130,12 +131,15 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 				}
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 				if n == 1 {
-					time.Sleep(20 * time.Millisecond)
-					return // close the idle connection (FIN)
+					<-idle
+					c.Close() // the idle connection (FIN)
+					close(closed)
+					return
 				}
 			}
 		})
-		base := lazyTransport(t)
+		dialed := make(chan net.Conn, 2)
+		base := lazyTransport(t, dialed)
 		tr, _, _ := testTransport(t, nil)
 		tr.Base = base
 		tr.Witness = w
@@ -145,7 +149,9 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		time.Sleep(60 * time.Millisecond) // the upstream has closed the pooled connection
+		close(idle)
+		<-closed // the upstream has closed the pooled connection
+		waitPeerFIN(t, <-dialed)
 		resp, err = tr.RoundTrip(post(t, srv.url(), strings.Repeat("p", 100)))
 		if err != nil {
 			t.Fatal(err)
@@ -170,7 +176,7 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 // attempts is what the trace must say (Egret-Attempts adds HiddenRetries).
 func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 	var arrivals atomic.Int64
-	resetDone := make(chan struct{})
+	waiting, resetDone := make(chan struct{}), make(chan struct{})
 	srv := newRawServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for {
@@ -179,7 +185,7 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 			}
 			if arrivals.Add(1) == 1 {
 				io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
-				time.Sleep(20 * time.Millisecond)
+				<-waiting
 				reset(c) // the idle connection, while the client waits out Retry-After
 				close(resetDone)
 				return
@@ -187,13 +193,15 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	base := lazyTransport(t)
+	dialed := make(chan net.Conn, 2)
+	base := lazyTransport(t, dialed)
 	tr, _, _ := testTransport(t, nil)
 	tr.Base = base
 	tr.Witness = witness.TCPInfo{}
 	tr.Sleep = func(ctx context.Context, d time.Duration) error {
-		<-resetDone // the Retry-After wait ends just after the upstream's reset
-		time.Sleep(20 * time.Millisecond)
+		close(waiting)
+		<-resetDone              // the Retry-After wait ends just after the upstream's reset
+		waitPeerFIN(t, <-dialed) // the RST is in the client's socket
 		return ctx.Err()
 	}
 	req, err := http.NewRequest(http.MethodDelete, srv.url(), nil)
@@ -275,7 +283,8 @@ func pairConn(t *testing.T, w witness.Witness) (*witnessConn, net.Conn) {
 	return wc, peer
 }
 
-// waitCheck polls the idle check until it answers want.
+// waitCheck polls the idle check until it answers want: the witness's
+// counters (what the check reads) move with no event to wait on.
 func waitCheck(t *testing.T, pc *h1Conn, want bool, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {

@@ -103,7 +103,7 @@ func TestResponseRacingTheAttemptTimer(t *testing.T) {
 		// Answer once the timer has fired and is freezing the connection.
 		<-w.entered
 		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // not synchronisation: the connection stays open a while, as a server's does
 	}()
 
 	var traces []*Trace

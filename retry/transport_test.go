@@ -337,7 +337,7 @@ func TestBodyBreaksBeforeFirstByteIsRetried(t *testing.T) {
 		}
 		if hits.Add(1) == 1 {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // not synchronisation: the upstream breaks off after its head, as a failing one does
 			reset(c)
 			return
 		}
@@ -368,7 +368,7 @@ func TestBodyBreaksMidBodyIsDelivered(t *testing.T) {
 		}
 		hits.Add(1)
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // not synchronisation: the upstream breaks off mid-body, as a failing one does
 		reset(c)
 	})
 	tr, _, traces := testTransport(t, nil)

@@ -60,7 +60,7 @@ func faultyLedgerServer(t *testing.T, l *ledger) *rawServer {
 				reset(c)
 				return
 			case i%13 == 0:
-				time.Sleep(120 * time.Millisecond)
+				time.Sleep(120 * time.Millisecond) // not synchronisation: a late answer, one of the faults
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
 			case i%4 == 0:
 				io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")

@@ -40,7 +40,7 @@ func TestWitnessDiscardsQueuedRequestBytes(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		time.Sleep(500 * time.Millisecond) // not reading: the window closes
+		time.Sleep(500 * time.Millisecond) // not synchronisation: a server not reading, so that the window closes
 		_, err = io.Copy(io.Discard, c)
 		readErr <- err
 	}()

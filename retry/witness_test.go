@@ -64,7 +64,11 @@ func resetBeforeWrite(t *testing.T, w witness.Witness) (*Transport, *rawServer, 
 			case <-resetDone:
 			case <-time.After(5 * time.Second):
 			}
-			time.Sleep(20 * time.Millisecond)
+			// The reset is in the socket before the transport gets it.
+			if err := pollFIN(c); err != nil {
+				c.Close()
+				return nil, err
+			}
 		}
 		return c, err
 	}})
@@ -293,7 +297,10 @@ func TestNoHiddenRetriesBeyondMaxAttempts(t *testing.T) {
 				return
 			}
 			if !warm.Load() {
-				time.Sleep(20 * time.Millisecond) // keep the warm-up requests concurrent
+				// Not synchronisation: each warm-up answer is held 20 ms so
+				// that the warm-up requests overlap and the pool opens many
+				// connections; what is checked is the count of executions.
+				time.Sleep(20 * time.Millisecond)
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 				continue
 			}
@@ -395,14 +402,16 @@ func TestWitnessTLSResetAfterHandshake(t *testing.T) {
 	cert := ts.TLS
 	ts.Close()
 	var executed atomic.Int64
-	shed := make(chan struct{})
+	// clientDone: the client's handshake is over; shed: the server has
+	// reset that connection.
+	clientDone, shed := make(chan struct{}), make(chan struct{})
 	srv := newRawServer(t, func(c net.Conn, n int) {
 		tc := tls.Server(c, cert)
 		if err := tc.Handshake(); err != nil {
 			return
 		}
 		if n == 1 {
-			time.Sleep(10 * time.Millisecond)
+			<-clientDone
 			reset(c)
 			close(shed)
 			return
@@ -416,7 +425,15 @@ func TestWitnessTLSResetAfterHandshake(t *testing.T) {
 			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	base := NewHTTPTransport(HTTPOptions{TLS: &tls.Config{RootCAs: roots, ServerName: "example.com"}})
+	dialed := make(chan net.Conn, 4)
+	base := NewHTTPTransport(HTTPOptions{TLS: &tls.Config{RootCAs: roots, ServerName: "example.com"},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err == nil {
+				dialed <- c
+			}
+			return c, err
+		}})
 	t.Cleanup(base.CloseIdleConnections)
 	tr, _, _ := testTransport(t, nil)
 	tr.Base = base
@@ -426,8 +443,9 @@ func TestWitnessTLSResetAfterHandshake(t *testing.T) {
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		TLSHandshakeDone: func(tls.ConnectionState, error) {
 			if handshakes.Add(1) == 1 {
-				<-shed // hand the connection over only once the server shed it
-				time.Sleep(20 * time.Millisecond)
+				close(clientDone)
+				<-shed            // hand the connection over only once the server shed it
+				pollFIN(<-dialed) // and its reset is in the socket
 			}
 		},
 	}))

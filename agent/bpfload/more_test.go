@@ -85,6 +85,8 @@ func TestTupleRemovedOnClose(t *testing.T) {
 	}
 	c.Close()
 	s.Close()
+	// Polls: the tuples go when the kernel runs the close hooks, which
+	// announce nothing.
 	for deadline := time.Now().Add(3 * time.Second); tupleCount(t, e) != 0; {
 		if time.Now().After(deadline) {
 			t.Fatalf("tuples after close = %d, want 0", tupleCount(t, e))
@@ -109,6 +111,7 @@ func TestWitnessResetAfterBytes(t *testing.T) {
 	_ = s.SetLinger(0)
 	s.Close()
 	var after witness.Counters
+	// Polls: the eBPF program marks the reset with no event to wait on.
 	for deadline := time.Now().Add(3 * time.Second); !after.ResetReceived && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 		after = snapshot(t, w, c)
@@ -139,6 +142,7 @@ func TestWitnessRTOAndRetransmit(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ctr witness.Counters
+	// Polls: retransmission timeouts fire in the kernel with no event.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
 		ctr = snapshot(t, w, c)

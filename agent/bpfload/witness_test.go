@@ -62,6 +62,8 @@ func TestWitnessCountsBytesSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var after witness.Counters
+	// Polls: the ACKs move the kernel's and the eBPF program's counters
+	// with no event a socket user can wait on.
 	for deadline := time.Now().Add(3 * time.Second); ; {
 		after = snapshot(t, w, c)
 		if after.BytesAcked >= n || time.Now().After(deadline) {
@@ -100,7 +102,7 @@ func TestWitnessCountsBytesSent(t *testing.T) {
 	// A socket that sends nothing proves that nothing left.
 	idle, _ := upstreamPair(t, e, srv, e.l.Mark())
 	b := snapshot(t, w, idle)
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // not synchronisation: time without a write, in which the counters must not move
 	a := snapshot(t, w, idle)
 	if a.BytesSent != 0 || a.DataSegsOut != 0 || !witness.NoByteLeft(b, a) {
 		t.Fatalf("idle socket: before %+v after %+v", b, a)
@@ -131,6 +133,7 @@ func TestWitnessRecordsReset(t *testing.T) {
 	s.Close()
 
 	var after witness.Counters
+	// Polls: the eBPF program marks the reset with no event to wait on.
 	for deadline := time.Now().Add(3 * time.Second); ; {
 		after = snapshot(t, w, c)
 		if after.ResetReceived || time.Now().After(deadline) {
@@ -195,7 +198,13 @@ func TestWitnessRawLookupMatchesLibrary(t *testing.T) {
 	if _, err := io.ReadFull(s, make([]byte, 70000)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the last ACKs
+	// The last ACKs in, so that the two lookups below see the same
+	// record. Polls: ACKs come with no event a socket user can wait on.
+	for deadline := time.Now().Add(5 * time.Second); snapshot(t, w, c).BytesAcked < 70000; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the 70000 bytes were never acknowledged")
+		}
+	}
 	rc := rawConn(t, c)
 	raw, err := w.Record(rc)
 	if err != nil {

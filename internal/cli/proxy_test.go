@@ -37,7 +37,7 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			slowStarted <- struct{}{}
-			time.Sleep(400 * time.Millisecond)
+			time.Sleep(400 * time.Millisecond) // not synchronisation: the slow request in flight during the drain
 			io.WriteString(w, "slow done")
 			return
 		}
@@ -154,6 +154,8 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode, string(b)
 	}
+	// Polls: the readiness probe is the only view of the drain, which
+	// lasts while the slow request (400 ms) is in flight.
 	for deadline := time.Now().Add(300 * time.Millisecond); ; time.Sleep(5 * time.Millisecond) {
 		code, body := probe(ReadyPath)
 		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
@@ -247,6 +249,9 @@ func TestIdleConnectionsKeepSmallStacks(t *testing.T) {
 		t.Fatal("egret proxy did not say where it listens")
 	}
 	stacks := func() float64 {
+		// Not synchronisation: the stacks of goroutines that just ended
+		// are freed a moment later; a reading in a settled state, compared
+		// with a wide margin.
 		time.Sleep(100 * time.Millisecond)
 		return goMetric(t, metrics, "go_memstats_stack_inuse_bytes")
 	}

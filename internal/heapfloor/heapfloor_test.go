@@ -99,7 +99,10 @@ func churn(n int) uint64 {
 	return cycles() - c0
 }
 
-// eventually waits for cond, which the cleanup goroutine makes true.
+// eventually waits for cond, which the cleanup goroutine makes true. Polls:
+// the floor acts from a runtime.AddCleanup after a collection, on the
+// runtime's cleanup goroutine, which tells no one; each round collects
+// again so that there is a cleanup to run.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); !cond(); {
@@ -107,7 +110,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		runtime.GC()
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls (see above)
 	}
 }
 
@@ -133,6 +136,8 @@ func TestFloorDefersCollections(t *testing.T) {
 	// Nothing more changes it once stopped.
 	runtime.GC()
 	runtime.GC()
+	// Not synchronisation: a window in which a cleanup left running would
+	// act; what is checked is that nothing does (an absence).
 	time.Sleep(20 * time.Millisecond)
 	if p := gcPercent(); p != 100 {
 		t.Errorf("GOGC after stop and two collections = %d, want 100", p)
@@ -163,7 +168,7 @@ func TestFloorKeepsTheBase(t *testing.T) {
 	debug.SetGCPercent(-1)
 	stop := Start(64 << 20)
 	runtime.GC()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // not synchronisation: a window for the cleanup to act, which it must not
 	if p := gcPercent(); p != -1 {
 		t.Errorf("GOGC off, after Start: %d, want -1 (off)", p)
 	}
@@ -172,7 +177,7 @@ func TestFloorKeepsTheBase(t *testing.T) {
 	debug.SetGCPercent(300)
 	stop = Start(0)
 	runtime.GC()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // not synchronisation: as above, GOGC must stay
 	if p := gcPercent(); p != 300 {
 		t.Errorf("floor 0: GOGC %d, want 300", p)
 	}
@@ -181,7 +186,7 @@ func TestFloorKeepsTheBase(t *testing.T) {
 	stop = Start(1 << 20) // below any live heap of a test binary's GOGC=300 goal
 	held = [][]byte{make([]byte, 2<<20)}
 	runtime.GC()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // not synchronisation: as above, GOGC must stay at the base
 	if p := gcPercent(); p != 300 {
 		t.Errorf("floor below the live heap: GOGC %d, want the base 300", p)
 	}

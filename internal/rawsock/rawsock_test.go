@@ -120,13 +120,13 @@ func TestSameAsNetConn(t *testing.T) {
 	differential(t, "read after the peer's reset", func(t *testing.T, c net.Conn, peer *net.TCPConn) (int, error) {
 		peer.SetLinger(0)
 		peer.Close()
-		time.Sleep(20 * time.Millisecond)
+		waitSocket(t, c, pollRDHUP) // the reset is in c's socket
 		return c.Read(make([]byte, 8))
 	})
 	differential(t, "write after the peer's reset", func(t *testing.T, c net.Conn, peer *net.TCPConn) (int, error) {
 		peer.SetLinger(0)
 		peer.Close()
-		time.Sleep(20 * time.Millisecond)
+		waitSocket(t, c, pollRDHUP)
 		return c.Write([]byte("x"))
 	})
 	differential(t, "write after Close", func(t *testing.T, c net.Conn, peer *net.TCPConn) (int, error) {
@@ -175,7 +175,7 @@ func TestLargeWriteAndConcurrentRead(t *testing.T) {
 				return
 			}
 			if got.Len() < 1<<20 {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // not synchronisation: the slow drain that fills the writer's window
 			}
 		}
 	}()
@@ -248,13 +248,13 @@ func TestRead(t *testing.T) {
 		t.Fatalf("empty socket: %d, %v; want EAGAIN", n, rerr)
 	}
 	peer.Write([]byte("abc"))
-	time.Sleep(20 * time.Millisecond)
+	waitSocket(t, c, pollIn)
 	read()
 	if n != 3 || rerr != nil || string(buf[:3]) != "abc" {
 		t.Fatalf("read %d %q, %v", n, buf[:n], rerr)
 	}
 	peer.Close()
-	time.Sleep(20 * time.Millisecond)
+	waitSocket(t, c, pollRDHUP)
 	read()
 	if n != 0 || rerr != nil {
 		t.Fatalf("at the end: %d, %v; want 0, nil", n, rerr)

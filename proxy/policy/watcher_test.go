@@ -73,7 +73,8 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-// eventually polls cond every 5 ms for at most 5 s.
+// eventually polls cond every 5 ms for at most 5 s: a reload shows only in
+// the watcher's metrics, logs and Current, none of which signals.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
@@ -81,7 +82,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting: %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls (see above)
 	}
 }
 
@@ -129,7 +130,7 @@ func startWatcher(t *testing.T, content string) *watchRig {
 				return
 			}
 			r.reads.Add(1)
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // not synchronisation: the reader's pace
 		}
 	}()
 	t.Cleanup(func() {
@@ -164,7 +165,9 @@ func TestWatcherPicksUpChange(t *testing.T) {
 	if gauge(t, r.reg, "egret_policy_last_reload_success_timestamp_seconds") < float64(time.Now().Add(-time.Minute).Unix()) {
 		t.Error("last success timestamp not set")
 	}
-	// An unchanged file is not reloaded again.
+	// An unchanged file is not reloaded again. Not synchronisation: 15
+	// polls' time in which nothing may happen (an absence, which no event
+	// shows).
 	time.Sleep(15 * r.w.Interval)
 	if got := reloads(t, r.reg, "success"); got != 2 {
 		t.Errorf("success count %v after no change, want 2", got)
@@ -191,7 +194,8 @@ func TestWatcherRefusesBadFile(t *testing.T) {
 	if gauge(t, r.reg, "egret_policy_last_reload_successful") != 0 {
 		t.Error("last_reload_successful still 1")
 	}
-	// The same bad file is refused once, not on every poll.
+	// The same bad file is refused once, not on every poll (not
+	// synchronisation: 25 polls' time in which no refusal may be added).
 	time.Sleep(25 * r.w.Interval)
 	if got := reloads(t, r.reg, "failure"); got != 1 {
 		t.Errorf("failures %v, want 1", got)
@@ -232,7 +236,7 @@ func TestWatcherSurvivesMissingFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the missing file noticed", func() bool { return strings.Contains(r.logs.String(), "policy file unreadable") })
-	time.Sleep(10 * r.w.Interval)
+	time.Sleep(10 * r.w.Interval) // not synchronisation: 10 polls without the file, in which nothing may change
 	if r.attempts() != 2 {
 		t.Fatalf("policy changed while the file was missing: %d", r.attempts())
 	}
@@ -333,7 +337,7 @@ func TestWatcherRetriesWhenNamedFileAppears(t *testing.T) {
 	dir := filepath.Dir(r.path)
 	r.write(t, "upstreams:\n  - host: api.test\n    max_attempts: 3\n    tls: {enabled: true, ca_file: later/ca.pem}\n")
 	eventually(t, "the refusal", func() bool { return reloads(t, r.reg, "failure") == 1 })
-	time.Sleep(3 * rehashEvery * r.w.Interval) // several retries
+	time.Sleep(3 * rehashEvery * r.w.Interval) // not synchronisation: several retries' time, in which no refusal may be added
 	if got := reloads(t, r.reg, "failure"); got != 1 {
 		t.Errorf("the same refusal counted %v times", got)
 	}
@@ -360,7 +364,7 @@ func TestWatcherRetriesWhenNamedFileAppears(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "a refusal for the missing CA", func() bool { return reloads(t, r.reg, "failure") == 2 })
-	time.Sleep(3 * rehashEvery * r.w.Interval)
+	time.Sleep(3 * rehashEvery * r.w.Interval) // not synchronisation: as above, an absence
 	if got := reloads(t, r.reg, "failure"); got != 2 || r.attempts() != 3 {
 		t.Errorf("failures %v attempts %d", got, r.attempts())
 	}

@@ -49,6 +49,8 @@ func TestTCPInfoCountsBytesSentOnlyAfterAWrite(t *testing.T) {
 	if !before.HasBytesSent || !before.HasDataSegsOut || before.Source != "tcp_info" {
 		t.Fatalf("counters not readable: %+v", before)
 	}
+	// Not synchronisation: time passes with no write; the counters must
+	// not move.
 	time.Sleep(10 * time.Millisecond)
 	idle, err := w.Snapshot(raw)
 	if err != nil {
@@ -62,6 +64,8 @@ func TestTCPInfoCountsBytesSentOnlyAfterAWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	var after Counters
+	// Polls: the peer's ACK arrives in the kernel with no event a socket
+	// user can wait on; TCP_INFO shows it.
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if after, err = w.Snapshot(raw); err != nil {
 			t.Fatal(err)

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egret-proxy/egret/agent"
+	"github.com/egret-proxy/egret/proxy"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -51,11 +53,15 @@ type request struct {
 	// Load mode: new connection per request, for Duration.
 	Duration time.Duration `json:"duration"`
 	// Silent and stall modes: Count connections (uploads of Size bytes
-	// whose head and first KiB only are sent), checked after Hold, held
-	// until stdin closes.
-	Count int           `json:"count,omitempty"`
-	Size  int           `json:"size,omitempty"`
-	Hold  time.Duration `json:"hold,omitempty"`
+	// whose head and first KiB only are sent), held until stdin closes.
+	// With Admin (the agent's admin socket) and Pod, the report waits
+	// until every connection is settled: answered, reset, or counted by
+	// the agent as held (see holdConns); without, it says only what was
+	// dialed.
+	Count int    `json:"count,omitempty"`
+	Size  int    `json:"size,omitempty"`
+	Admin string `json:"admin,omitempty"`
+	Pod   string `json:"pod,omitempty"`
 }
 
 // heldReport is what the silent and stall modes say of their connections.
@@ -66,7 +72,16 @@ type heldReport struct {
 	Reset     int            `json:"reset"` // reset or closed by the other end
 	Answers   map[string]int `json:"answers,omitempty"`
 	FirstErrs []string       `json:"first_errors,omitempty"`
+	// Unsettled: the agent's count and the connections' fates never
+	// added up to what was dialed (within holdSettle); Usage is the
+	// agent's last word on the pod.
+	Unsettled bool        `json:"unsettled,omitempty"`
+	Usage     proxy.Usage `json:"usage"`
 }
+
+// holdSettle bounds how long holdConns waits for its connections to
+// settle; a failure deadline, not synchronisation.
+const holdSettle = 30 * time.Second
 
 type response struct {
 	Status  int         `json:"status"`
@@ -241,10 +256,28 @@ func child(mode string) int {
 	case "silent", "stall":
 		_ = enc.Encode(holdConns(mode, req))
 		_, _ = io.Copy(io.Discard, os.Stdin) // hold until the test says
-	case "load":
+	case "load", "loadstream":
+		// load: for req.Duration, then every sample as one JSON array;
+		// loadstream: each sample a JSON line as it ends, until stdin
+		// closes (the test decides when by what the samples show).
 		var samples []loadSample
 		start := time.Now()
-		for time.Since(start) < req.Duration {
+		stop := make(chan struct{})
+		if mode == "loadstream" {
+			go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
+		}
+		done := func() bool {
+			if mode == "load" {
+				return time.Since(start) >= req.Duration
+			}
+			select {
+			case <-stop:
+				return true
+			default:
+				return false
+			}
+		}
+		for !done() {
 			var connectErr bool
 			tr := &http.Transport{
 				DisableKeepAlives: true,
@@ -258,13 +291,22 @@ func child(mode string) int {
 			c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
 			t0 := time.Now()
 			r := do(c, req)
-			samples = append(samples, loadSample{
+			sample := loadSample{
 				Wall: t0, Took: time.Since(t0), Status: r.Status, Err: r.Err,
 				Egret: r.Headers.Get("Egret-Request-Id") != "", ConnectErr: connectErr,
-			})
+			}
+			if mode == "loadstream" {
+				_ = enc.Encode(sample)
+			} else {
+				samples = append(samples, sample)
+			}
+			// Not synchronisation: the load's pace, a request every
+			// ~2 ms plus its own time, as a steady client makes.
 			time.Sleep(2 * time.Millisecond)
 		}
-		_ = enc.Encode(samples)
+		if mode == "load" {
+			_ = enc.Encode(samples)
+		}
 	default:
 		fmt.Fprintln(os.Stderr, "unknown child mode", mode)
 		return 2
@@ -274,8 +316,13 @@ func child(mode string) int {
 
 // holdConns opens req.Count connections to req.URL's host and port (each
 // redirected to egret) and keeps them: silent, or (stall) with an upload's
-// head and its first KiB sent. After req.Hold it reports which are still
-// open without an answer, which were reset, and the answers.
+// head and its first KiB sent. Each connection's fate is an event read on
+// it: an answer, or a reset (or close) by egret. A connection egret holds
+// has no event; the agent counts it instead (a silent connection in the
+// pod's Usage.Conns, a stalled upload by the Size it reserved of the pod's
+// spool bytes). The report is made once answers, resets and the agent's
+// count add up to the connections dialed: Held is then those without an
+// event.
 func holdConns(mode string, req request) heldReport {
 	var rep heldReport
 	target := strings.TrimPrefix(req.URL, "http://")
@@ -296,41 +343,69 @@ func holdConns(mode string, req request) heldReport {
 		}
 		conns = append(conns, c)
 	}
-	time.Sleep(req.Hold)
-	type state struct {
-		answer string
-		reset  bool
+	if req.Admin == "" {
+		return rep
 	}
-	states := make(chan state, len(conns))
+	// fate is an answer ("200 ", "503 not-sent") or "" for a reset.
+	fates := make(chan string, len(conns))
 	for _, c := range conns {
 		go func() {
-			c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			var ne net.Error
-			switch {
-			case err == nil:
-				states <- state{answer: fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Egret-Outcome"))}
-			case errors.As(err, &ne) && ne.Timeout():
-				states <- state{}
-			default:
-				states <- state{reset: true}
+			if err != nil {
+				fates <- ""
+				return
 			}
+			fates <- fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Egret-Outcome"))
 		}()
 	}
-	for range conns {
-		st := <-states
-		switch {
-		case st.answer != "":
+	// One client for every look, its connection closed at the end: a new
+	// client per look leaves an idle connection, a descriptor of the
+	// agent's, behind each time, and the agent runs out of them.
+	adm := agent.AdminClient(req.Admin)
+	defer adm.CloseIdleConnections()
+	held := func() int {
+		resp, err := adm.Get("http://egret/pods/" + req.Pod)
+		if err != nil {
+			return -1
+		}
+		defer resp.Body.Close()
+		var st agent.PodStatus
+		if json.NewDecoder(resp.Body).Decode(&st) != nil || st.Usage == nil {
+			return -1
+		}
+		rep.Usage = *st.Usage
+		if mode == "stall" {
+			return int(st.Usage.SpoolBytes / int64(max(req.Size, 1)))
+		}
+		return int(st.Usage.Conns)
+	}
+	// The agent's count changes with no event a client could wait on, so
+	// it is looked at again after each fate and, between fates, every
+	// 20 ms until holdSettle.
+	deadline := time.After(holdSettle)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	settled := 0
+	for held()+settled != len(conns) {
+		select {
+		case f := <-fates:
+			settled++
+			if f == "" {
+				rep.Reset++
+				continue
+			}
 			if rep.Answers == nil {
 				rep.Answers = map[string]int{}
 			}
-			rep.Answers[st.answer]++
-		case st.reset:
-			rep.Reset++
-		default:
-			rep.Held++
+			rep.Answers[f]++
+		case <-tick.C:
+		case <-deadline:
+			rep.Unsettled = true
+			rep.Held = len(conns) - settled
+			return rep
 		}
 	}
+	rep.Held = len(conns) - settled
 	return rep
 }
 

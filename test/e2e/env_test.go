@@ -320,7 +320,7 @@ func (n *node) waitPod(t testing.TB, name, state string) agent.PodStatus {
 		if time.Now().After(deadline) {
 			t.Fatalf("pod %s not %s: %+v %v", name, state, st, err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls the agent's state (a pod's, a trace's), which announces nothing
 	}
 }
 
@@ -408,7 +408,7 @@ func assertNothingLeft(t testing.TB, name string, progs []uint32) {
 				t.Errorf("left behind: eBPF program %d", id)
 				break
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // polls: the kernel frees programs after an RCU grace period, announced to no one
 		}
 	}
 }
@@ -420,7 +420,7 @@ func (n *node) trace(id string) (retry.Trace, bool) {
 		if tr, _, ok := n.agent.Trace(id); ok {
 			return tr, true
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls the agent's state (a pod's, a trace's), which announces nothing
 	}
 	return retry.Trace{}, false
 }

@@ -141,7 +141,7 @@ func TestKubernetesAgent(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("agent log lacks the bad annotation:\n%s", log)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polls another process's log, which announces nothing
 	}
 	t.Logf("Warning Event on %s/bad: %s", ns, ev.Message)
 
@@ -156,7 +156,7 @@ func TestKubernetesAgent(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("pod not removed after its annotation went:\n%s", a.log.String())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polls another process's log, which announces nothing
 	}
 	r = p.curl(t, "-H", "Ledger-Id: kube-2", "-H", "Ledger-Fault: 503; times=1", url(up, "/orders"))
 	if r.Status != 503 || r.Headers.Get("Egret-Request-Id") != "" || led.Executions("kube-2") != 1 {
@@ -173,7 +173,9 @@ func TestKubernetesAgent(t *testing.T) {
 // podStatus asks the agent's admin API about one pod (zero if unknown).
 func podStatus(t *testing.T, admin, name string) agent.PodStatus {
 	t.Helper()
-	resp, err := agent.AdminClient(admin).Get("http://egret/pods/" + name)
+	c := agent.AdminClient(admin)
+	defer c.CloseIdleConnections() // or each call leaves one of the agent's descriptors held
+	resp, err := c.Get("http://egret/pods/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,6 +203,6 @@ func waitEvent(t *testing.T, c *kubeapi.Cluster, ns, pod, reason string) corev1.
 		if time.Now().After(deadline) {
 			t.Fatalf("no Event %s on pod %s/%s", reason, ns, pod)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polls the API server for the Event
 	}
 }

@@ -178,7 +178,9 @@ func TestPodRemovedServesConnectedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGone(t, n, "web")
-	time.Sleep(400 * time.Millisecond) // the drain is under way, and the sniff timeout past
+	// Not synchronisation: the client speaks late, while the drain is
+	// under way and past the sniff timeout, the case under test.
+	time.Sleep(400 * time.Millisecond)
 	fmt.Fprintln(in, "go")
 	if err := lines.Decode(&answer); err != nil {
 		t.Fatal(err)

@@ -163,7 +163,7 @@ func waitGone(t *testing.T, n *node, name string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("pod %s still there", name)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls: the agent announces no pod's removal
 	}
 }
 

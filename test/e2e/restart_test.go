@@ -103,6 +103,7 @@ func (ap *agentProc) waitRunning(t *testing.T, pod string) time.Duration {
 	t.Helper()
 	start := time.Now()
 	c := agent.AdminClient(ap.admin)
+	defer c.CloseIdleConnections()
 	for time.Since(start) < 15*time.Second {
 		resp, err := c.Get("http://egret/pods/" + pod)
 		if err == nil {
@@ -116,7 +117,7 @@ func (ap *agentProc) waitRunning(t *testing.T, pod string) time.Duration {
 		if ap.cmd.ProcessState != nil {
 			break
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls another process's admin API
 	}
 	t.Fatalf("agent not running pod %s; log:\n%s", pod, ap.log.String())
 	return 0
@@ -167,23 +168,19 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 		t.Fatalf("not redirected before the kill: %+v", r)
 	}
 
-	// A client in the pod opening a new connection per request, all along.
-	load := p.childCmd(t, "load", request{URL: url(up, "/load"), Duration: 5 * time.Second})
-	var loadOut bytes.Buffer
-	load.Stdout, load.Stderr = &loadOut, os.Stderr
+	// A client in the pod opening a new connection per request, all along;
+	// each phase lasts until the load shows it.
 	t0 := time.Now()
-	if err := p.start(load); err != nil {
-		t.Fatal(err)
-	}
-
-	time.Sleep(1500 * time.Millisecond)
+	load := p.startLoad(t, url(up, "/load"))
+	load.waitFor(t, "requests through the first agent", 50, func(s loadSample) bool { return s.Egret && s.Err == "" })
 	tKill := time.Since(t0)
 	if err := a1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	a1.cmd.Wait()
 
-	time.Sleep(300 * time.Millisecond)
+	directSinceKill := func(s loadSample) bool { return s.Wall.Sub(t0) > tKill && !s.Egret && s.Err == "" }
+	load.waitFor(t, "direct requests after the kill", 20, directSinceKill)
 	// While the agent is down, a keep-alive connection made now goes
 	// direct; it must survive the restart.
 	ka := p.childCmd(t, "keepalive", request{URL: url(up, "/keepalive")})
@@ -204,7 +201,7 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	}
 	kaFirst := readKA()
 
-	time.Sleep(1200 * time.Millisecond)
+	load.waitFor(t, "more direct requests while the agent is down", 50, directSinceKill)
 	tRestart := time.Since(t0)
 	metricsAddr := freeLoopbackAddr(t)
 	a2 := startAgent(t, args("--cleanup", "--metrics", metricsAddr)...)
@@ -216,13 +213,10 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	kaIn.Close()
 	ka.Wait()
 
-	if err := load.Wait(); err != nil {
-		t.Fatalf("load client: %v", err)
-	}
-	var samples []loadSample
-	if err := json.Unmarshal(loadOut.Bytes(), &samples); err != nil {
-		t.Fatalf("load output: %v", err)
-	}
+	load.waitFor(t, "requests through the second agent", 50, func(s loadSample) bool {
+		return s.Wall.Sub(t0) > tReady+50*time.Millisecond && s.Egret
+	})
+	samples := load.stop(t)
 
 	for i := range samples {
 		samples[i].At = samples[i].Wall.Sub(t0)
@@ -307,8 +301,10 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	}
 	// The agent's admin API explains it, and its metrics count the pod.
 	var tv agent.TraceView
+	adm := agent.AdminClient(a2.admin)
+	defer adm.CloseIdleConnections()
 	for range 100 {
-		resp, err := agent.AdminClient(a2.admin).Get("http://egret/explain/" + id)
+		resp, err := adm.Get("http://egret/explain/" + id)
 		if err == nil {
 			err = json.NewDecoder(resp.Body).Decode(&tv)
 			resp.Body.Close()
@@ -316,7 +312,7 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 		if err == nil && len(tv.Attempts) == 2 {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls another process (its admin API, its log and the pod's path)
 	}
 	if len(tv.Attempts) != 2 || tv.Attempts[0].Status != 503 || tv.Attempts[0].Decision != "retry" || tv.Attempts[1].Status != 200 {
 		t.Fatalf("explain %s: %+v", id, tv)
@@ -361,7 +357,7 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 			gone = true
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls another process (its admin API, its log and the pod's path)
 	}
 	if !gone {
 		t.Fatalf("pod not removed after the pods file changed:\n%s", a2.log.String())

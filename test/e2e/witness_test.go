@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -16,13 +17,13 @@ import (
 	"github.com/egret-proxy/egret/proxy"
 )
 
-// resetFirst listens on ip and resets the first connection shortly after it
-// is accepted (SO_LINGER 0 then close: a RST before the client wrote
-// anything); later connections are relayed to next. The pause lets the
-// client's connect complete first: a RST that lands while the dialer still
-// waits for the connect's result fails the dial itself (ECONNRESET), which is
-// not_sent without any witness and not the case this test is about.
-func resetFirst(t *testing.T, ip netip.Addr, next netip.AddrPort) netip.AddrPort {
+// resetFirst listens on ip and resets the first connection once the
+// client's dial has returned (dialed is closed then; SO_LINGER 0 then close:
+// a RST before the client wrote anything); later connections are relayed to
+// next. A RST that lands while the dialer still waits for the connect's
+// result fails the dial itself (ECONNRESET), which is not_sent without any
+// witness and not the case this test is about.
+func resetFirst(t *testing.T, ip netip.Addr, next netip.AddrPort, dialed <-chan struct{}) netip.AddrPort {
 	t.Helper()
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
 	if err != nil {
@@ -37,7 +38,10 @@ func resetFirst(t *testing.T, ip netip.Addr, next netip.AddrPort) netip.AddrPort
 				return
 			}
 			if n.Add(1) == 1 {
-				time.Sleep(50 * time.Millisecond)
+				select {
+				case <-dialed:
+				case <-time.After(10 * time.Second): // a failure bound: the test then fails on its answer
+				}
 				c.(*net.TCPConn).SetLinger(0)
 				c.Close()
 				continue
@@ -61,7 +65,9 @@ func resetFirst(t *testing.T, ip netip.Addr, next netip.AddrPort) netip.AddrPort
 // waits (bounded) until the kernel has taken the peer's RST, standing for
 // a proxy slower to write than the upstream is to reset. Nothing of the
 // request has been written then.
-func waitForReset(target *atomic.Pointer[netip.AddrPort]) func(string, proxy.DialFunc) proxy.DialFunc {
+// The first dial to the target closes dialed once it returned.
+func waitForReset(target *atomic.Pointer[netip.AddrPort], dialed chan<- struct{}) func(string, proxy.DialFunc) proxy.DialFunc {
+	var once sync.Once
 	return func(_ string, d proxy.DialFunc) proxy.DialFunc {
 		return func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := d(ctx, network, addr)
@@ -69,22 +75,21 @@ func waitForReset(target *atomic.Pointer[netip.AddrPort]) func(string, proxy.Dia
 			if err != nil || tp == nil || addr != tp.String() {
 				return c, err
 			}
+			once.Do(func() { close(dialed) })
 			rc, err := c.(syscall.Conn).SyscallConn()
 			if err != nil {
 				return c, nil
 			}
-			for range 200 {
-				var state uint8
-				rc.Control(func(fd uintptr) {
-					if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-						state = info.State
+			// poll(2) until the RST is in the socket (POLLRDHUP, with
+			// POLLERR and POLLHUP), at most 5 s, reading nothing.
+			rc.Control(func(fd uintptr) {
+				for {
+					fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+					if _, err := unix.Poll(fds, 5000); err != unix.EINTR {
+						return
 					}
-				})
-				if state == 7 { // TCP_CLOSE: the RST arrived
-					break
 				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			})
 			return c, nil
 		}
 	}
@@ -92,10 +97,11 @@ func waitForReset(target *atomic.Pointer[netip.AddrPort]) func(string, proxy.Dia
 
 func TestWitnessNotSentVersusAmbiguous(t *testing.T) {
 	var target atomic.Pointer[netip.AddrPort]
-	n := newNode(t, nodeOpts{wrapDial: waitForReset(&target)})
+	dialed := make(chan struct{})
+	n := newNode(t, nodeOpts{wrapDial: waitForReset(&target, dialed)})
 	p := n.addPod(t, "web", podOpts{})
 	led, up := startLedger(t, p.host4)
-	rst := resetFirst(t, p.host4, up)
+	rst := resetFirst(t, p.host4, up, dialed)
 	target.Store(&rst)
 
 	// The upstream resets before any byte of the POST left the host: the

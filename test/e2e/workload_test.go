@@ -128,7 +128,7 @@ upstreams:
 		if time.Now().After(deadline) {
 			t.Fatalf("the deleted pod still has %d series", series("web"))
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls the metrics, which announce nothing
 	}
 	t.Logf("web had %d workload series, gone after its deletion; worker keeps %d", before, series("worker"))
 	if series("worker") == 0 {

@@ -140,7 +140,7 @@ func TestRBACHoldsImpersonatedUsersToTheirRoles(t *testing.T) {
 		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
 			t.Fatalf("list pods with the role: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polls: the authorizer's cache takes the new binding with no event
 	}
 	// The role does not reach further than it says.
 	if _, err := as.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {

@@ -74,7 +74,7 @@ func (c *cluster) waitAgentReady(t testing.TB, timeout time.Duration, ok func(*c
 				return p
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
 	}
 	msg := "none"
 	if last != nil {
@@ -152,7 +152,7 @@ func (c *cluster) waitBehindEgret(t testing.TB, want bool, timeout time.Duration
 				}
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
 	}
 	t.Fatalf("pods %v behind egret = %v not reached in %v; agent has %d pods (%v)", names, want, timeout, len(last), lastErr)
 }
@@ -313,7 +313,7 @@ func (c *cluster) waitLoopViaEgret(t testing.TB, podIP string, since time.Time, 
 		if s.LastEgret.After(since) {
 			return s
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
 	}
 	t.Fatalf("the loop's requests did not come through egret again within %v: %+v", timeout, s)
 	return s
@@ -353,7 +353,7 @@ func waitFor(t testing.TB, timeout time.Duration, what string, f func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("not within %v: %s", timeout, what)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
 	}
 }
 

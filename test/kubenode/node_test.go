@@ -281,7 +281,7 @@ func (c *cluster) testBurst(t *testing.T) {
 			t.Fatalf("30 s after the burst: %d pinned pod links (before %d), %d egret_pods entries (before %d), %d agent descriptors (before %d: %v; now %v)",
 				links, len(before), entries, entriesBefore, fds, fdsBefore, fdKindsBefore, fdKinds(t, c, ap))
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polls the kernel's pins and the agent's descriptors, which announce nothing
 	}
 	for _, n := range names {
 		c.n.WaitPod(t, c.ns, strings.TrimPrefix(n, c.ns+"/"), time.Minute, "gone", func(p *corev1.Pod) bool { return p == nil })

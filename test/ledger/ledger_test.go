@@ -218,7 +218,8 @@ func TestH1Hold(t *testing.T) {
 	// A client that gives up first still leaves an execution behind.
 	c2, _ := dial(t, addr)
 	fmt.Fprintf(c2, "POST / HTTP/1.1\r\nHost: l\r\n%s: h2\r\n%s: hold; ms=2000\r\nContent-Length: 1\r\n\r\nx", HeaderID, HeaderFault)
-	deadline := time.Now().Add(time.Second)
+	// Polls: the ledger records an execution and announces none.
+	deadline := time.Now().Add(5 * time.Second)
 	for s.Executions("h2") == 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -362,7 +363,13 @@ func TestH2RefusedStreamAndGoAway(t *testing.T) {
 	// Stream 3 is held (executed), stream 5 asks for GOAWAY: the GOAWAY says
 	// 3 is the last stream, 3 is answered, 5 is not executed.
 	hc.request(3, "kept", "hold; ms=200", []byte("k"))
-	time.Sleep(50 * time.Millisecond)
+	// Polls (the ledger announces no arrival): 3 has arrived before 5
+	// asks for the GOAWAY.
+	for deadline := time.Now().Add(5 * time.Second); s.Record("kept").Arrivals == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("stream 3 never executed")
+		}
+	}
 	hc.request(5, "ga", "goaway", nil)
 	var goaway *http2.GoAwayFrame
 	var status3 string
@@ -602,7 +609,8 @@ func TestH2Attribution(t *testing.T) {
 	// flight on it is collateral, the new one a victim.
 	hc := dialH2(t, addr)
 	hc.request(1, "inflight", "hold; ms=2000", []byte("x"))
-	deadline := time.Now().Add(2 * time.Second)
+	// Polls: the ledger announces no execution.
+	deadline := time.Now().Add(5 * time.Second)
 	for s.Executions("inflight") == 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -629,7 +637,8 @@ func TestH2Attribution(t *testing.T) {
 	for f := hc.next(t); f != nil; f = hc.next(t) {
 	}
 	// The client may see the half-close before the server read stream 3.
-	deadline = time.Now().Add(2 * time.Second)
+	// Polls: the ledger announces no bystander.
+	deadline = time.Now().Add(5 * time.Second)
 	for s.Record("after").Bystander == 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}

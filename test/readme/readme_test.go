@@ -1,9 +1,12 @@
-// The test runs the command examples of the top README.md against a
-// built egret and a real ledger, and checks their output against what the
-// README shows: a README that drifts from the code fails the test.
+// The test runs the command examples of every README.md of the repository
+// against a built egret and a real ledger, and checks their output against
+// what the README shows: a README that drifts from the code fails the test.
+// TestREADMERules (rules_test.go) makes sure no shell example escapes it:
+// each is a session run here or says why not.
 //
 // Each fenced block without a language whose first line starts with "$ " is
-// a terminal session: "$ CMD" lines are commands (run by sh in a fresh
+// a terminal session, run unless a "<!-- not run: WHY -->" line stands
+// just before it: "$ CMD" lines are commands (run by sh in a fresh
 // directory, with egret on PATH; a here-document continues to its
 // terminator), the lines up to the next "$ " are what the terminal shows.
 // A command ending in "&" is a background job whose output (stdout and
@@ -11,13 +14,14 @@
 // waits for it. A foreground command's output is its stderr, then its
 // stdout. "..." stands for any lines (the rest of a command's output, and
 // the job lines that come before the next expected line), and the values
-// that vary from run to run are written as <id>, <hex>, <n>, <port>,
-// <duration> and <time> (the README's legend); an <id> in a command is the
+// that vary from run to run are written as <id>, <hex>, <n>, <port>, <ip>,
+// <duration> and <time> (the top README's legend); an <id> in a command is the
 // request id last matched.
 //
-// The README's fixed names are replaced with unique ones so that runs beside
+// The READMEs' fixed names are replaced with unique ones so that runs beside
 // other tests do not collide: 18080 becomes the port of a ledger this test
-// starts, 127.0.0.1:15001, 15002 and 18999 free ports (an "egret proxy" without --listen is
+// starts on 127.0.0.1, 18090 that of the same ledger on every address (for
+// a command in a namespace of its own), 127.0.0.1:15001, 15002 and 18999 free ports (an "egret proxy" without --listen is
 // given the one that replaces 15001), egret-demo and demo-web get a random
 // suffix. Blocks that run "egret run" or "egret agent" need root (they fail
 // without it under CI=true) and remove the cgroup, pins and socket they name
@@ -74,37 +78,24 @@ var (
 		"<hex>":      `[0-9a-f]+`,
 		"<n>":        `[0-9]+`,
 		"<port>":     `[0-9]{1,5}`,
+		"<ip>":       `[0-9a-f.:]+`,
 		"<duration>": `(?:[0-9]+(?:\.[0-9]+)?(?: ?(?:ns|µs|us|ms|s|m|h)))+`,
 		"<time>":     `[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(?:Z|[+-][0-9:]+)`,
 	}
-	holeRE = regexp.MustCompile(`<(id|hex|n|port|duration|time)>`)
+	holeRE = regexp.MustCompile(`<(id|hex|n|port|ip|duration|time)>`)
 )
 
-// parseREADME returns the README's terminal sessions.
+// parseREADME returns the README's terminal sessions that are run (those
+// without a "<!-- not run -->" line before them).
 func parseREADME(text string) []block {
-	lines := strings.Split(text, "\n")
 	var blocks []block
-	section := ""
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if strings.HasPrefix(l, "#") {
-			section = strings.TrimSpace(strings.TrimLeft(l, "#"))
+	for _, f := range parseFences(text) {
+		if !f.session() || f.marked {
 			continue
 		}
-		if !strings.HasPrefix(l, "```") {
-			continue
-		}
-		j := i + 1
-		for j < len(lines) && !strings.HasPrefix(lines[j], "```") {
-			j++
-		}
-		body := lines[i+1 : j]
-		first := i + 2
-		i = j
-		if l != "```" || len(body) == 0 || !strings.HasPrefix(body[0], "$ ") {
-			continue
-		}
-		b := block{line: first, section: section}
+		first := f.line + 1
+		b := block{line: first, section: f.section}
+		body := f.body
 		for k := 0; k < len(body); k++ {
 			l := body[k]
 			if !strings.HasPrefix(l, "$ ") {
@@ -130,21 +121,42 @@ func parseREADME(text string) []block {
 }
 
 func TestREADMEExamples(t *testing.T) {
-	text, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
+	type readme struct {
+		path   string
+		blocks []block
 	}
-	blocks := parseREADME(string(text))
-	// The examples the README must keep; a removed one fails here.
-	all := ""
-	for _, b := range blocks {
-		for _, s := range b.steps {
-			all += s.cmd + "\n"
+	var all []readme
+	for _, p := range readmes(t) {
+		text, err := os.ReadFile(filepath.Join(repoRoot, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bs := parseREADME(string(text)); len(bs) > 0 {
+			all = append(all, readme{p, bs})
 		}
 	}
-	for _, c := range []string{"egret proxy", "curl -si -x", "egret run --", "egret agent --pods", "egret explain", "egret observe", "egret policy", "egret simulate", "egret proxy --grace 5", "egret prxy"} {
-		if !strings.Contains(all, c) {
-			t.Errorf("README.md has no example running %q", c)
+	// The examples the READMEs must keep; a removed one fails here.
+	keep := map[string][]string{
+		"README.md":              {"egret proxy", "curl -si -x", "egret run --", "egret agent --pods", "egret explain", "egret observe", "egret policy", "egret simulate", "egret proxy --grace 5", "egret prxy"},
+		"agent/README.md":        {"egret run --", "egret run --netns new", "egret agent --pods", "egret pods"},
+		"proxy/policy/README.md": {"egret proxy --policy"},
+	}
+	for file, cmds := range keep {
+		cmdsRun := ""
+		for _, r := range all {
+			if r.path != file {
+				continue
+			}
+			for _, b := range r.blocks {
+				for _, s := range b.steps {
+					cmdsRun += s.cmd + "\n"
+				}
+			}
+		}
+		for _, c := range cmds {
+			if !strings.Contains(cmdsRun, c) {
+				t.Errorf("%s has no example running %q", file, c)
+			}
 		}
 	}
 
@@ -161,6 +173,13 @@ func TestREADMEExamples(t *testing.T) {
 	}
 	t.Cleanup(func() { l.Close() })
 	_, ledgerPort, _ := net.SplitHostPort(laddr.String())
+	// The same ledger on every address, for a command in a namespace of its
+	// own (it reaches the host at the veth's host end).
+	aaddr, err := l.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, anyPort, _ := net.SplitHostPort(aaddr.String())
 	proxyPort, podPort, deadPort := freePort(t), freePort(t), freePort(t)
 	suffix := randHex(t)
 	cgroupRoot := "/sys/fs/cgroup/unified"
@@ -169,6 +188,7 @@ func TestREADMEExamples(t *testing.T) {
 	}
 	subst := strings.NewReplacer(
 		"18080", ledgerPort,
+		"18090", anyPort,
 		"127.0.0.1:15001", "127.0.0.1:"+proxyPort,
 		"15002", podPort,
 		"18999", deadPort,
@@ -178,33 +198,40 @@ func TestREADMEExamples(t *testing.T) {
 	)
 	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 
-	for _, b := range blocks {
-		t.Run(fmt.Sprintf("line%d", b.line), func(t *testing.T) {
-			t.Logf("README.md:%d (%s)", b.line, b.section)
-			if needsRoot(b) {
-				testenv.RequireRoot(t)
-			}
-			t.Cleanup(func() {
-				os.Remove("/run/egret-demo-" + suffix + ".sock")
-				os.RemoveAll("/sys/fs/bpf/egret-demo-" + suffix)
-				os.Remove(filepath.Join(cgroupRoot, "demo-web-"+suffix))
-				// The agent's own cgroup, left when it was killed.
-				agents, _ := filepath.Glob(filepath.Join(cgroupRoot, "egret-agent-egret-demo-"+suffix+"-*"))
-				for _, a := range agents {
-					if err := os.Remove(a); err != nil {
-						t.Errorf("the agent's cgroup: %v", err)
-					}
-				}
-			})
-			s := &session{t: t, dir: t.TempDir(), env: env, subst: subst, proxyPort: proxyPort, lines: make(chan string, 1024)}
-			defer s.stopJobs()
-			for _, st := range b.steps {
-				if !s.run(st) {
-					return
+	for _, r := range all {
+		for _, b := range r.blocks {
+			runBlock(t, r.path, b, cgroupRoot, suffix, &session{env: env, subst: subst, proxyPort: proxyPort})
+		}
+	}
+}
+
+// runBlock runs one session of a README in a subtest named after where it is.
+func runBlock(t *testing.T, path string, b block, cgroupRoot, suffix string, tmpl *session) {
+	t.Run(fmt.Sprintf("%s:%d", path, b.line), func(t *testing.T) {
+		t.Logf("%s:%d (%s)", path, b.line, b.section)
+		if needsRoot(b) {
+			testenv.RequireRoot(t)
+		}
+		t.Cleanup(func() {
+			os.Remove("/run/egret-demo-" + suffix + ".sock")
+			os.RemoveAll("/sys/fs/bpf/egret-demo-" + suffix)
+			os.Remove(filepath.Join(cgroupRoot, "demo-web-"+suffix))
+			// The agent's own cgroup, left when it was killed.
+			agents, _ := filepath.Glob(filepath.Join(cgroupRoot, "egret-agent-egret-demo-"+suffix+"-*"))
+			for _, a := range agents {
+				if err := os.Remove(a); err != nil {
+					t.Errorf("the agent's cgroup: %v", err)
 				}
 			}
 		})
-	}
+		s := &session{t: t, file: path, dir: t.TempDir(), env: tmpl.env, subst: tmpl.subst, proxyPort: tmpl.proxyPort, lines: make(chan string, 1024)}
+		defer s.stopJobs()
+		for _, st := range b.steps {
+			if !s.run(st) {
+				return
+			}
+		}
+	})
 }
 
 func needsRoot(b block) bool {
@@ -220,6 +247,7 @@ func needsRoot(b block) bool {
 // they wrote that no expected line has consumed yet.
 type session struct {
 	t         *testing.T
+	file      string // the README
 	dir       string
 	env       []string
 	subst     *strings.Replacer
@@ -243,7 +271,7 @@ func (s *session) command(ctx context.Context, line string) *exec.Cmd {
 // run runs one step and checks what it shows; false when it failed.
 func (s *session) run(st step) bool {
 	t := s.t
-	where := fmt.Sprintf("README.md:%d: $ %s", st.line, st.cmd)
+	where := fmt.Sprintf("%s:%d: $ %s", s.file, st.line, st.cmd)
 	var fg []string
 	switch {
 	case killJob.MatchString(st.cmd):
@@ -290,7 +318,7 @@ func (s *session) run(st step) bool {
 		fg = append(splitLines(stderr.String()), splitLines(stdout.String())...)
 	}
 	if err := s.match(st.want, fg); err != nil {
-		t.Errorf("%s\n%v\nthe README shows:\n\t%s", where, err, strings.Join(st.want, "\n\t"))
+		t.Errorf("%s\n%v\n%s shows:\n\t%s", where, err, s.file, strings.Join(st.want, "\n\t"))
 		return false
 	}
 	return true

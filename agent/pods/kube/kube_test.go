@@ -540,7 +540,7 @@ func waitEvent(t *testing.T, e *env, pod, reason string) corev1.Event {
 		if time.Now().After(deadline) {
 			t.Fatalf("no Event %s on pod %s", reason, pod)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polls the API server for the Event
 	}
 }
 

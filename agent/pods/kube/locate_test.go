@@ -121,7 +121,7 @@ func TestSandboxProcess(t *testing.T) {
 		return cmd.Process.Pid
 	}
 	older := start("app")
-	time.Sleep(30 * time.Millisecond) // start times count clock ticks (10 ms)
+	time.Sleep(30 * time.Millisecond) // not synchronisation: start times count clock ticks (10 ms); the two must differ
 	newer := start("sidecar")
 	// A fake cgroup tree: cgroup.procs files in a pod dir and a container dir.
 	cg := filepath.Join(dir, "pod")
