@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
@@ -150,4 +151,10 @@ func (f *Fake) LearnedEntries() (int, error) {
 		n += len(m)
 	}
 	return n, nil
+}
+
+// OriginalDstOf implements Attacher: a Fake redirects nothing, so it
+// knows no connection's original destination.
+func (f *Fake) OriginalDstOf(syscall.RawConn) (netip.AddrPort, error) {
+	return netip.AddrPort{}, bpfload.ErrNoOriginalDst
 }

@@ -23,14 +23,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -274,6 +278,9 @@ func recv(c *net.UnixConn) (op byte, name string, f *os.File, err error) {
 	buf := make([]byte, 1+MaxName)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if errors.Is(err, io.EOF) {
+		return 0, "", nil, errEOF
+	}
 	if err != nil {
 		return 0, "", nil, fmt.Errorf("keeper: receive: %w", err)
 	}
@@ -414,3 +421,69 @@ func (c *Client) Sync(timeout time.Duration) error {
 // Close ends the connection: the keeper keeps what it holds for the next
 // agent.
 func (c *Client) Close() error { return c.c.Close() }
+
+// DialWait is Dial, waiting up to timeout for the keeper's socket to
+// appear (the keeper may start after the agent): while path is missing, or
+// is a stale socket nobody listens on, it waits for a socket to be made
+// there (inotify), not on a clock.
+func DialWait(path string, timeout time.Duration) (*Client, map[string]*os.File, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, held, err := Dial(path, time.Until(deadline))
+		if err == nil || !(errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
+			return c, held, err
+		}
+		if werr := waitCreated(path, time.Until(deadline)); werr != nil {
+			return nil, nil, fmt.Errorf("%w (waited %v for it)", err, timeout)
+		}
+	}
+}
+
+// waitCreated returns once a file named path is created (or moved) in its
+// directory, or an error after d. It returns at once if path is a socket
+// someone listens on by the time the watch is set.
+func waitCreated(path string, d time.Duration) error {
+	if d <= 0 {
+		return os.ErrDeadlineExceeded
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, filepath.Dir(path), unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+		return err
+	}
+	// Made between the failed dial and the watch?
+	if c, err := net.Dial("unixpacket", path); err == nil {
+		c.Close()
+		return nil
+	}
+	end := time.Now().Add(d)
+	buf := make([]byte, 4096)
+	for {
+		left := time.Until(end)
+		if left <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		if n <= 0 {
+			continue
+		}
+		m, err := unix.Read(fd, buf)
+		if err != nil {
+			continue
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= m; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if name == filepath.Base(path) {
+				return nil
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
+}

@@ -227,9 +227,28 @@ func child(mode string) int {
 		_ = enc.Encode(holdConns(mode, req))
 		_, _ = io.Copy(io.Discard, os.Stdin) // hold until the test says
 	case "load":
+		// For req.Duration, or (0) until stdin closes.
 		var samples []loadSample
 		start := time.Now()
-		for time.Since(start) < req.Duration {
+		stop := make(chan struct{})
+		if req.Duration == 0 {
+			go func() {
+				_, _ = io.Copy(io.Discard, os.Stdin)
+				close(stop)
+			}()
+		}
+		more := func() bool {
+			if req.Duration > 0 {
+				return time.Since(start) < req.Duration
+			}
+			select {
+			case <-stop:
+				return false
+			default:
+				return true
+			}
+		}
+		for more() {
 			var connectErr bool
 			tr := &http.Transport{
 				DisableKeepAlives: true,
