@@ -229,3 +229,41 @@ func TestPeerHelper(t *testing.T) {
 	}
 	t.Log("refused: got nothing")
 }
+
+// DialWait waits for a keeper that starts after the agent (containers of
+// one pod start in any order), and gives up after its timeout.
+func TestDialWaitForALateKeeper(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "keeper.sock")
+	if _, _, err := keeper.DialWait(sock, 50*time.Millisecond); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("DialWait with no keeper = %v, want ENOENT after the timeout", err)
+	}
+	type result struct {
+		c   *keeper.Client
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, _, err := keeper.DialWait(sock, 30*time.Second)
+		done <- result{c, err}
+	}()
+	k, err := keeper.Listen(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- k.Serve(ctx) }()
+	defer func() {
+		cancel()
+		<-served
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("DialWait for a keeper that started later: %v", r.err)
+	}
+	defer r.c.Close()
+	if err := r.c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
