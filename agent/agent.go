@@ -12,8 +12,8 @@
 // each pod keeps the traces of its own recent requests (so a busy pod
 // cannot push a quiet one's out), and Trace looks in all of them. A pod that goes is detached and its listeners closed.
 //
-// Fail-open: the connect programs redirect only while an agent's Loader
-// is open (bpfload's egret_alive) and the pod's listener exists (they look
+// Fail-open: the connect programs redirect only while an agent serves
+// (bpfload's egret_alive, set once the pod source's initial pods run) and the pod's listener exists (they look
 // it up per connect), so when the agent dies the pod's connects go direct.
 // Pinned links and maps outlive the agent; a new agent adopts them
 // (bpfload.Load) and reopens the listeners, and redirection resumes. With
@@ -79,6 +79,9 @@ type Attacher interface {
 	// SO_ORIGINAL_DST is not answered); bpfload.ErrNoOriginalDst if it is
 	// not there.
 	OriginalDstOf(c syscall.RawConn) (netip.AddrPort, error)
+	// SetAlive tells the kernel an agent serves: until it is called, and
+	// once the agent's process is gone, pods' connects go direct.
+	SetAlive() error
 }
 
 var _ Attacher = (*bpfload.Loader)(nil)
@@ -381,7 +384,9 @@ loop:
 			}
 			break loop
 		case ev := <-events:
-			a.handle(ev)
+			if err = a.handle(ev); err != nil {
+				break loop
+			}
 		case <-tick.C:
 			a.retryFailed()
 		case <-a.cfg.FDs.Changed():
@@ -461,7 +466,9 @@ func (a *Agent) podLimits(p pods.Pod) proxy.Limits {
 	return l.WithDefaults()
 }
 
-func (a *Agent) handle(ev pods.Event) {
+// handle acts on one event of the pod source. Its error ends Run: the
+// agent could not tell the kernel that it serves.
+func (a *Agent) handle(ev pods.Event) error {
 	a.m.events.WithLabelValues(ev.Kind.String()).Inc()
 	switch ev.Kind {
 	case pods.Added, pods.Updated:
@@ -469,10 +476,16 @@ func (a *Agent) handle(ev pods.Event) {
 	case pods.Removed:
 		a.remove(ev.Pod.Name)
 	case pods.Synced:
+		// The initial pods run (their listeners open, or adopted with the
+		// connects queued on them): from now on connects come to egret.
+		if err := a.cfg.Attacher.SetAlive(); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
 		a.collect()
 		a.dropUnadopted()
 	}
 	a.updateGauges()
+	return nil
 }
 
 func (a *Agent) put(p pods.Pod) {

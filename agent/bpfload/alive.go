@@ -8,16 +8,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// setAlive puts a socket of the Loader's own into egret_alive: a TCP
+// SetAlive puts a socket of the Loader's own into egret_alive: a TCP
 // listener on 127.0.0.1 (backlog 1, never accepted from) that nothing else
 // holds: it is close-on-exec and never passed on. The connect programs
 // redirect only while egret_alive holds a socket, and the kernel removes a
 // socket from a sockmap when it closes, so the entry goes with the Loader
 // (Close) or with its process, however that ends (a SIGKILL too): then the
 // pods' new connects go direct even while their listeners live on in
-// `egret keeper`. A later Load on the same pin directory replaces the
-// entry with its own socket.
-func (l *Loader) setAlive() error {
+// `egret keeper`. Call it once the agent serves its pods (their listeners
+// open or adopted): connects before go direct rather than wait in a
+// listener's queue. Another Loader's SetAlive on the same pin directory
+// replaces the entry with its own socket. Calling it again is a no-op.
+func (l *Loader) SetAlive() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return errors.New("bpfload: SetAlive on a closed Loader")
+	}
+	if l.aliveFD >= 0 {
+		return nil
+	}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("bpfload: liveness socket: %w", err)

@@ -21,9 +21,9 @@
 //	links/pod/<cgroup id>/<prog>  connect4, connect6, sockops on a pod cgroup
 //
 // Pinned links outlive the agent. While the agent is down a pod's connects
-// still run connect4/6, which redirect only while a Loader is open (its
-// socket in egret_alive: the kernel drops it when the socket closes, so
-// when the agent exits or is killed) and the pod's egret listener exists
+// still run connect4/6, which redirect only while an agent serves (the
+// socket its Loader put in egret_alive with SetAlive: the kernel drops it
+// when the socket closes, so when the agent exits or is killed) and the pod's egret listener exists
 // in the pod's network namespace (a socket lookup per connect), so connects
 // go direct until the agent runs and listens again (fail-open). Connects
 // queued on a listener when the agent died stay queued while `egret
@@ -87,7 +87,7 @@ type Loader struct {
 	objs  bpf.EgretObjects
 	trace map[string]link.Link
 	stale []StaleCgroup
-	// aliveFD is the socket in egret_alive (setAlive); -1 once closed.
+	// aliveFD is the socket in egret_alive (SetAlive); -1 if none.
 	aliveFD int
 	closed  bool
 
@@ -202,10 +202,6 @@ func Load(opts Options) (*Loader, error) {
 		return nil, fmt.Errorf("bpfload: set mark: %w", err)
 	}
 	if err := l.attachTrace(); err != nil {
-		l.Close()
-		return nil, err
-	}
-	if err := l.setAlive(); err != nil {
 		l.Close()
 		return nil, err
 	}

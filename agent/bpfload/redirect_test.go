@@ -209,15 +209,23 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
 	expectAt(t, direct, egret)
 
-	// A new agent adopts the pinned maps and links, and connects are
-	// redirected again.
+	// A new agent adopts the pinned maps and links; connects are
+	// redirected again once it says it serves.
 	l2, err := bpfload.Load(bpfload.Options{PinDir: e.pin})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.l = l2 // setup's cleanup removes through the new loader
+	if alive, err := l2.Alive(); err != nil || alive {
+		t.Fatalf("Alive after Load = %v, %v; want false until SetAlive", alive, err)
+	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	expectAt(t, direct, egret)
+	if err := l2.SetAlive(); err != nil {
+		t.Fatal(err)
+	}
 	if alive, err := l2.Alive(); err != nil || !alive {
-		t.Fatalf("Alive after Load = %v, %v; want true", alive, err)
+		t.Fatalf("Alive after SetAlive = %v, %v; want true", alive, err)
 	}
 	ids, err := l2.Pods()
 	if err != nil || len(ids) != 1 || ids[0] != p.id {
