@@ -12,11 +12,14 @@
 // each pod keeps the traces of its own recent requests (so a busy pod
 // cannot push a quiet one's out), and Trace looks in all of them. A pod that goes is detached and its listeners closed.
 //
-// Fail-open: the connect programs redirect only while the pod's listener
-// exists (they look it up per connect), so when the agent dies its
-// listeners close with it and the pod's connects go direct. Pinned links
-// and maps outlive the agent; a new agent adopts them (bpfload.Load) and
-// reopens the listeners, and redirection resumes.
+// Fail-open: the connect programs redirect only while an agent serves
+// (bpfload's egret_alive, set once the pod source's initial pods run) and the pod's listener exists (they look
+// it up per connect), so when the agent dies the pod's connects go direct.
+// Pinned links and maps outlive the agent; a new agent adopts them
+// (bpfload.Load) and reopens the listeners, and redirection resumes. With
+// a keeper (Config.Keeper, `egret keeper`) the listeners outlive the agent
+// too: connects queued on them when it died stay queued, and the next agent
+// adopts the listeners (Config.Kept) and serves them.
 package agent
 
 import (
@@ -26,6 +29,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -75,6 +79,15 @@ type Attacher interface {
 	// destinations held.
 	NodeDirectStats() (bpfload.DirectStats, error)
 	LearnedEntries() (int, error)
+	// OriginalDstOf looks an accepted connection's original destination
+	// up in the kernel's map, for connections accepted on a listener the
+	// agent adopted (made in an earlier agent's cgroup, where
+	// SO_ORIGINAL_DST is not answered); bpfload.ErrNoOriginalDst if it is
+	// not there.
+	OriginalDstOf(c syscall.RawConn) (netip.AddrPort, error)
+	// SetAlive tells the kernel an agent serves: until it is called, and
+	// once the agent's process is gone, pods' connects go direct.
+	SetAlive() error
 }
 
 var _ Attacher = (*bpfload.Loader)(nil)
@@ -146,6 +159,14 @@ type Config struct {
 	// ambiguous (the Kubernetes source records a Warning Event on the
 	// pod).
 	Reporter Reporter
+	// Keeper, if set, is handed a duplicate of each pod's listener (see
+	// package keeper), so that connects queued on it outlive the agent.
+	Keeper ListenerKeeper
+	// Kept are the listeners the keeper held for an earlier agent, by
+	// ListenerName: the pod they belong to adopts them (and serves the
+	// connects queued on them); those no pod adopts are closed once the
+	// pod source has listed its pods. The agent owns them.
+	Kept map[string]*os.File
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -385,7 +406,9 @@ loop:
 			}
 			break loop
 		case ev := <-events:
-			a.handle(ev)
+			if err = a.handle(ev); err != nil {
+				break loop
+			}
 		case <-tick.C:
 			a.retryFailed()
 		case <-a.cfg.FDs.Changed():
@@ -568,7 +591,9 @@ func (a *Agent) podLimits(p pods.Pod) proxy.Limits {
 	return l.WithDefaults()
 }
 
-func (a *Agent) handle(ev pods.Event) {
+// handle acts on one event of the pod source. Its error ends Run: the
+// agent could not tell the kernel that it serves.
+func (a *Agent) handle(ev pods.Event) error {
 	a.m.events.WithLabelValues(ev.Kind.String()).Inc()
 	switch ev.Kind {
 	case pods.Added, pods.Updated:
@@ -576,9 +601,16 @@ func (a *Agent) handle(ev pods.Event) {
 	case pods.Removed:
 		a.remove(ev.Pod.Name)
 	case pods.Synced:
+		// The initial pods run (their listeners open, or adopted with the
+		// connects queued on them): from now on connects come to egret.
+		if err := a.cfg.Attacher.SetAlive(); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
 		a.collect()
+		a.dropUnadopted()
 	}
 	a.updateGauges()
+	return nil
 }
 
 func (a *Agent) put(p pods.Pod) {

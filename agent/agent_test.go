@@ -256,6 +256,10 @@ func TestReady(t *testing.T) {
 	if st, err := a.Pod("bad"); err != nil || st.State != StateFailed {
 		t.Fatalf("the failing pod: %+v %v", st, err)
 	}
+	// Ready: the kernel was told an agent serves (egret_alive).
+	if !fake.Alive() {
+		t.Fatal("ready, but SetAlive was not called")
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -278,6 +282,9 @@ func TestReady(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if err := b.Ready(); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "listed") {
 		t.Fatalf("source not synced: %v", err)
+	}
+	if b.cfg.Attacher.(*Fake).Alive() {
+		t.Fatal("SetAlive before the source listed its pods: their connects would wait for pods not started")
 	}
 }
 

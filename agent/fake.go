@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
@@ -20,6 +21,7 @@ type Fake struct {
 	pods   map[uint64]bpfload.PodConfig
 	self   map[string]bool
 	learnt map[uint64]map[netip.AddrPort]bpfload.DirectProtocol
+	alive  bool
 	// Fail, if set, makes AttachPod of that cgroup fail.
 	Fail   map[string]error
 	writes int // AttachPod calls that wrote a config
@@ -178,4 +180,25 @@ func (f *Fake) LearnedEntries() (int, error) {
 		n += len(m)
 	}
 	return n, nil
+}
+
+// OriginalDstOf implements Attacher: a Fake redirects nothing, so it
+// knows no connection's original destination.
+func (f *Fake) OriginalDstOf(syscall.RawConn) (netip.AddrPort, error) {
+	return netip.AddrPort{}, bpfload.ErrNoOriginalDst
+}
+
+// SetAlive implements Attacher.
+func (f *Fake) SetAlive() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.alive = true
+	return nil
+}
+
+// Alive says whether SetAlive was called.
+func (f *Fake) Alive() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.alive
 }

@@ -37,6 +37,8 @@ type podState struct {
 	srv    *proxy.Server
 	policy *podPolicy
 	lns    []*acceptListener // the pod's listeners, served by srv
+	// kept are the keeper's names of the listeners ("" for none).
+	kept   []string
 	traces *proxy.Traces
 	quota  *proxy.Quota
 	served sync.WaitGroup
@@ -107,26 +109,29 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		port = a.cfg.ListenPort
 	}
 	l4, l6 := listenAddrs(port)
-	ctx := context.Background()
-	ln4, err := ps.ns.Listen(ctx, "tcp4", l4.String())
+	ln4, name4, err := a.listen(ps, "tcp4", l4)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s in %s: %w", l4, ps.ns.Path(), err)
 	}
 	lns := []*acceptListener{newAcceptListener(ln4)}
+	ps.kept = append(ps.kept, name4)
 	ps.listen = []netip.AddrPort{addrPortOf(ln4.Addr())}
 	// IPv6 is optional: a namespace without ::1 (IPv6 disabled) gets
 	// IPv4 redirection only.
-	if ln6, err6 := ps.ns.Listen(ctx, "tcp6", l6.String()); err6 == nil {
+	if ln6, name6, err6 := a.listen(ps, "tcp6", l6); err6 == nil {
 		lns = append(lns, newAcceptListener(ln6))
+		ps.kept = append(ps.kept, name6)
 		ps.listen = append(ps.listen, addrPortOf(ln6.Addr()))
 	} else {
 		a.log.Warn("no IPv6 listener; IPv6 connects go direct", "pod", p.Name, "err", err6)
 	}
+	// Until they are served, the listeners are closed by stop.
+	ps.lns = lns
 
 	ps.policy = newPodPolicy(a.cfg.Policy, p, a.log)
 	pc := a.cfg.Proxy
 	pc.Mode = proxy.Transparent
-	pc.Resolver = bpfResolver{listeners: ps.listen}
+	pc.Resolver = bpfResolver{listeners: ps.listen, lookup: a.cfg.Attacher.OriginalDstOf}
 	pc.Policy = ps.policy
 	dialTimeout := pc.DialTimeout
 	if dialTimeout <= 0 {
@@ -161,13 +166,9 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	pc.Learner = ps.learner
 	srv, err := proxy.New(pc)
 	if err != nil {
-		for _, l := range lns {
-			l.Close()
-		}
 		return nil, err
 	}
 	ps.srv = srv
-	ps.lns = lns
 	for _, l := range lns {
 		ps.served.Add(1)
 		go func() {
@@ -311,6 +312,9 @@ func (ps *podState) stop(a *Agent, detach bool) (drain func() error, err error) 
 	}
 	for _, l := range ps.lns {
 		l.Close()
+	}
+	for _, name := range ps.kept {
+		a.dropKept(name)
 	}
 	drain = func() error {
 		var derr error

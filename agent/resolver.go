@@ -16,8 +16,14 @@ import (
 // connection up by its tuple and network namespace cookie, so pods with
 // identical addresses never see each other's destinations. A destination
 // equal to the pod's own listener is refused: it would loop.
+//
+// A connection accepted on an adopted listener (made by an earlier agent,
+// in its cgroup: egret's getsockopt program does not run for it) gets no
+// SO_ORIGINAL_DST answer; lookup (Attacher.OriginalDstOf) finds it in the
+// kernel's tuple map instead.
 type bpfResolver struct {
 	listeners []netip.AddrPort
+	lookup    func(syscall.RawConn) (netip.AddrPort, error)
 }
 
 var _ proxy.Resolver = bpfResolver{}
@@ -32,6 +38,9 @@ func (r bpfResolver) OriginalDst(c net.Conn) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("%w: %v", proxy.ErrNoOriginalDst, err)
 	}
 	dst, err := bpfload.OriginalDst(rc)
+	if errors.Is(err, bpfload.ErrNoOriginalDst) && r.lookup != nil {
+		dst, err = r.lookup(rc)
+	}
 	if err != nil {
 		if errors.Is(err, bpfload.ErrNoOriginalDst) {
 			return netip.AddrPort{}, fmt.Errorf("%w: connection was not redirected by egret", proxy.ErrNoOriginalDst)

@@ -149,6 +149,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egret_direct_stats SEC(".maps");
 
+/* The running agent's liveness: one socket of the agent's own
+ * (bpfload.Loader.SetAlive), never handed to anyone else. The kernel takes a
+ * socket out of a sockmap when the socket closes, so the entry goes the
+ * instant the agent exits or is killed, even while its pods' listeners
+ * live on (held by `egret keeper` so that connects queued on them survive).
+ * The connect hooks redirect only while it is there: with no agent, pods'
+ * new connects go direct. Looking a socket up in a sockmap from a cgroup
+ * program needs Linux 5.10, older than the 5.15 egret needs anyway; on a
+ * kernel without it the verifier refuses the connect programs and Load
+ * fails, attaching nothing (pods connect direct). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_alive SEC(".maps");
+
 /* Not called: its prototype puts struct event into BTF for bpf2go -type,
  * without adding a global variable. */
 __attribute__((noinline)) int egret_event_btf(struct event *ev)
@@ -246,9 +264,22 @@ static __always_inline int loopback6(const __u32 a[4])
 	       (a[3] == 0 || a[3] == bpf_htonl(1));
 }
 
-/* Fail-open: redirect only while the pod's egret listener exists in the
- * caller's network namespace. If egret dies its listeners close with it and
- * connects go direct until it listens again. */
+/* agent_alive: an agent runs (its socket is in egret_alive). */
+static __always_inline int agent_alive(void)
+{
+	__u32 zero = 0;
+	struct bpf_sock *s = bpf_map_lookup_elem(&egret_alive, &zero);
+
+	if (!s)
+		return 0;
+	bpf_sk_release(s);
+	return 1;
+}
+
+/* Fail-open: redirect only while an agent runs (agent_alive) and the pod's
+ * egret listener exists in the caller's network namespace. If egret dies
+ * connects go direct until it runs and listens again; connects queued on a
+ * listener a moment before stay queued while egret keeper holds it. */
 static __always_inline int listener4_alive(struct bpf_sock_addr *ctx, struct pod_config *pc)
 {
 	struct bpf_sock_tuple t = {};
@@ -387,7 +418,7 @@ int egret_connect4(struct bpf_sock_addr *ctx)
 		return 1;
 	if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
 		return 1;
-	if (!listener4_alive(ctx, pc))
+	if (!agent_alive() || !listener4_alive(ctx, pc))
 		return 1;
 	if (!remember(ctx, cgid, a, port, AF_INET))
 		return 1; /* no place to keep the original: leave it alone */
@@ -429,7 +460,7 @@ int egret_connect6(struct bpf_sock_addr *ctx)
 			return 1;
 		if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
 			return 1;
-		if (!listener4_alive(ctx, pc))
+		if (!agent_alive() || !listener4_alive(ctx, pc))
 			return 1;
 		if (!remember(ctx, cgid, a, port, AF_INET))
 			return 1;
@@ -450,7 +481,7 @@ int egret_connect6(struct bpf_sock_addr *ctx)
 		return 1;
 	if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
 		return 1;
-	if (!listener6_alive(ctx, pc))
+	if (!agent_alive() || !listener6_alive(ctx, pc))
 		return 1;
 	if (!remember(ctx, cgid, a, port, AF_INET6))
 		return 1;

@@ -138,6 +138,7 @@ type EgretWitnessRec struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	EgretMapEgretAlive       = "egret_alive"
 	EgretMapEgretDirect      = "egret_direct"
 	EgretMapEgretDirectSk    = "egret_direct_sk"
 	EgretMapEgretDirectStats = "egret_direct_stats"
@@ -214,6 +215,7 @@ type EgretProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EgretMapSpecs struct {
+	EgretAlive       *ebpf.MapSpec `ebpf:"egret_alive"`
 	EgretDirect      *ebpf.MapSpec `ebpf:"egret_direct"`
 	EgretDirectSk    *ebpf.MapSpec `ebpf:"egret_direct_sk"`
 	EgretDirectStats *ebpf.MapSpec `ebpf:"egret_direct_stats"`
@@ -252,6 +254,7 @@ func (o *EgretObjects) Close() error {
 //
 // It can be passed to LoadEgretObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EgretMaps struct {
+	EgretAlive       *ebpf.Map `ebpf:"egret_alive"`
 	EgretDirect      *ebpf.Map `ebpf:"egret_direct"`
 	EgretDirectSk    *ebpf.Map `ebpf:"egret_direct_sk"`
 	EgretDirectStats *ebpf.Map `ebpf:"egret_direct_stats"`
@@ -266,6 +269,7 @@ type EgretMaps struct {
 
 func (m *EgretMaps) Close() error {
 	return _EgretClose(
+		m.EgretAlive,
 		m.EgretDirect,
 		m.EgretDirectSk,
 		m.EgretDirectStats,

@@ -276,6 +276,29 @@ func TestChartValues(t *testing.T) {
 
 // The schema refuses what would otherwise render something else than
 // asked: a misspelt key, a wrong type, an empty policy, a bad port.
+// keeper.enabled (default true) renders egret keeper beside the agent, as
+// the kustomize base has it; false renders the agent alone, without
+// --keeper or the keeper's volume.
+func TestChartKeeper(t *testing.T) {
+	checkKeeper(t, typed(renderChart(t)))
+	objs := typed(renderChart(t, "--set", "keeper.enabled=false"))
+	ctx, c := agentArgs(t, objs)
+	ds := only[*appsv1.DaemonSet](t, objs)
+	if _, ok := keeperContainer(t, ds); ok || ctx.IsSet("keeper") {
+		t.Errorf("keeper.enabled=false: a keeper container (%v) or --keeper %q", ok, ctx.String("keeper"))
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == "keeper" {
+			t.Errorf("keeper.enabled=false: the agent mounts %+v", m)
+		}
+	}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == "keeper" {
+			t.Errorf("keeper.enabled=false: volume %+v", v)
+		}
+	}
+}
+
 func TestChartRefusesBadValues(t *testing.T) {
 	for _, set := range []string{
 		"imag.tag=v1",
@@ -286,6 +309,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		"image.pullPolicy=Sometimes",
 		"extraArgs[0]=agent",
 		"metrics.podMonitor.enabeld=true",
+		"keeper.enabled=maybe",
+		"keeper.socket=/x",
 	} {
 		out, err := helmRun(t, "template", "egret", chartDir, "--set", set)
 		if err == nil {

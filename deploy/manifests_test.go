@@ -270,14 +270,91 @@ func TestStrictDecodeRefusesTypos(t *testing.T) {
 	}
 }
 
-// agentContainer returns the DaemonSet's one container.
+// agentContainer returns the DaemonSet's agent container: the first of
+// its containers, the other being egret keeper's (keeperContainer) when
+// there is one.
 func agentContainer(t testing.TB, ds *appsv1.DaemonSet) corev1.Container {
 	t.Helper()
 	cs := ds.Spec.Template.Spec.Containers
-	if len(cs) != 1 || len(ds.Spec.Template.Spec.InitContainers) != 0 {
-		t.Fatalf("DaemonSet has %d containers and %d init containers, want 1 and 0", len(cs), len(ds.Spec.Template.Spec.InitContainers))
+	if len(cs) == 0 || len(cs) > 2 || len(ds.Spec.Template.Spec.InitContainers) != 0 {
+		t.Fatalf("DaemonSet has %d containers and %d init containers, want the agent (and egret keeper) and none", len(cs), len(ds.Spec.Template.Spec.InitContainers))
+	}
+	if cs[0].Name != "agent" || (len(cs) == 2 && cs[1].Name != "keeper") {
+		t.Fatalf("DaemonSet containers %q, %q: want agent, then keeper", cs[0].Name, cs[len(cs)-1].Name)
 	}
 	return cs[0]
+}
+
+// keeperContainer returns the DaemonSet's egret keeper container, if any.
+func keeperContainer(t testing.TB, ds *appsv1.DaemonSet) (corev1.Container, bool) {
+	t.Helper()
+	agentContainer(t, ds)
+	cs := ds.Spec.Template.Spec.Containers
+	if len(cs) < 2 {
+		return corev1.Container{}, false
+	}
+	return cs[1], true
+}
+
+// checkKeeper checks that the agent and egret keeper meet at one socket
+// on a volume both mount, and that the keeper runs as the agent's uid
+// (it serves a peer of its own uid only) with no privilege at all.
+func checkKeeper(t testing.TB, objs []object) {
+	t.Helper()
+	ctx, agentC := agentArgs(t, objs)
+	ds := only[*appsv1.DaemonSet](t, objs)
+	k, ok := keeperContainer(t, ds)
+	if !ok {
+		t.Fatal("no keeper container")
+	}
+	if len(k.Args) < 1 || k.Args[0] != "keeper" || len(k.Command) != 0 {
+		t.Fatalf("keeper container runs %q %q, want the image's egret with keeper", k.Command, k.Args)
+	}
+	var sock string
+	for _, a := range k.Args[1:] {
+		if v, ok := strings.CutPrefix(a, "--socket="); ok {
+			sock = v
+		} else if a != "--log-format=json" {
+			t.Errorf("keeper argument %q", a)
+		}
+	}
+	if sock == "" || ctx.String("keeper") != sock {
+		t.Fatalf("agent --keeper %q, keeper --socket %q: want the same socket", ctx.String("keeper"), sock)
+	}
+	mounted := func(c corev1.Container) string {
+		for _, m := range c.VolumeMounts {
+			if strings.HasPrefix(sock, strings.TrimSuffix(m.MountPath, "/")+"/") {
+				return m.Name
+			}
+		}
+		return ""
+	}
+	if va, vk := mounted(agentC), mounted(k); va == "" || va != vk {
+		t.Errorf("socket %s on volume %q in the agent and %q in the keeper: want one volume both mount", sock, va, vk)
+	}
+	if k.Image != agentC.Image {
+		t.Errorf("keeper image %s, agent image %s", k.Image, agentC.Image)
+	}
+	sc := k.SecurityContext
+	switch {
+	case sc == nil:
+		t.Fatal("keeper has no securityContext")
+	case sc.Privileged != nil && *sc.Privileged:
+		t.Error("keeper is privileged")
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Error("keeper allows privilege escalation")
+	case sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" || len(sc.Capabilities.Add) != 0:
+		t.Errorf("keeper capabilities %+v, want all dropped", sc.Capabilities)
+	case sc.RunAsUser == nil || agentC.SecurityContext.RunAsUser == nil || *sc.RunAsUser != *agentC.SecurityContext.RunAsUser:
+		t.Error("keeper and agent run as different uids: the keeper would refuse the agent")
+	}
+	if k.Resources.Limits.Memory().IsZero() {
+		t.Error("keeper has no memory limit")
+	}
+}
+
+func TestDaemonSetKeeper(t *testing.T) {
+	checkKeeper(t, loadManifests(t))
 }
 
 // envPlaceholder stands for what the kubelet puts in a variable whose value

@@ -58,6 +58,9 @@ func setupWith(t testing.TB, opts bpfload.Options) *env {
 		t.Fatalf("Load: %v", err)
 	}
 	e.l = l
+	if err := l.SetAlive(); err != nil {
+		t.Fatalf("SetAlive: %v", err)
+	}
 	for _, id := range l.ProgramIDs() {
 		ids = append(ids, uint32(id))
 	}

@@ -21,9 +21,13 @@
 //	links/pod/<cgroup id>/<prog>  connect4, connect6, sockops on a pod cgroup
 //
 // Pinned links outlive the agent. While the agent is down a pod's connects
-// still run connect4/6, which redirect only when the pod's egret listener
-// exists in the pod's network namespace (a socket lookup per connect), so
-// connects go direct until the agent listens again (fail-open).
+// still run connect4/6, which redirect only while an agent serves (the
+// socket its Loader put in egret_alive with SetAlive: the kernel drops it
+// when the socket closes, so when the agent exits or is killed) and the pod's egret listener exists
+// in the pod's network namespace (a socket lookup per connect), so connects
+// go direct until the agent runs and listens again (fail-open). Connects
+// queued on a listener when the agent died stay queued while `egret
+// keeper` holds the listener, and the next agent serves them.
 package bpfload
 
 import (
@@ -79,11 +83,13 @@ type Loader struct {
 	pinDir string
 	mark   uint32
 
-	mu     sync.Mutex
-	objs   bpf.EgretObjects
-	trace  map[string]link.Link
-	stale  []StaleCgroup
-	closed bool
+	mu    sync.Mutex
+	objs  bpf.EgretObjects
+	trace map[string]link.Link
+	stale []StaleCgroup
+	// aliveFD is the socket in egret_alive (SetAlive); -1 if none.
+	aliveFD int
+	closed  bool
 
 	// directMu guards retiredDirect: the learned-direct counters of the
 	// pods detached by this Loader (NodeDirectStats).
@@ -177,7 +183,7 @@ func Load(opts Options) (*Loader, error) {
 	if opts.LearnedMax != 0 {
 		spec.Maps[bpf.EgretMapEgretDirect].MaxEntries = opts.LearnedMax
 	}
-	l := &Loader{pinDir: opts.PinDir, mark: opts.Mark, trace: map[string]link.Link{}}
+	l := &Loader{pinDir: opts.PinDir, mark: opts.Mark, trace: map[string]link.Link{}, aliveFD: -1}
 	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.PinDir},
 	})
@@ -306,6 +312,11 @@ func (l *Loader) Close() error {
 		return nil
 	}
 	l.closed = true
+	if l.aliveFD >= 0 {
+		// Out of egret_alive: pods' new connects go direct.
+		unix.Close(l.aliveFD)
+		l.aliveFD = -1
+	}
 	for _, lk := range l.trace {
 		lk.Close()
 	}
@@ -349,7 +360,7 @@ func (l *Loader) Remove() error {
 	for _, m := range []*ebpf.Map{
 		l.objs.EgretPods, l.objs.EgretGlobals, l.objs.EgretExcl, l.objs.EgretRedirSk,
 		l.objs.EgretTuples, l.objs.EgretWitness, l.objs.EgretEvents,
-		l.objs.EgretDirect, l.objs.EgretDirectSk, l.objs.EgretDirectStats,
+		l.objs.EgretDirect, l.objs.EgretDirectSk, l.objs.EgretDirectStats, l.objs.EgretAlive,
 	} {
 		if m != nil && m.IsPinned() {
 			if err := m.Unpin(); err != nil {

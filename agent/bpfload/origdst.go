@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/bpf"
@@ -64,4 +65,90 @@ func originalDstFD(fd int) (netip.AddrPort, error) {
 		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(buf[8:24])).Unmap(), port), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("bpfload: SO_ORIGINAL_DST: unexpected family %d length %d", family, size)
+}
+
+// OriginalDstOf finds an accepted connection's original destination in
+// egret's tuple map from user space: by the connection's network
+// namespace cookie (SO_NETNS_COOKIE, Linux 5.14) and its two addresses, the
+// key the sockops program wrote when the client connected. It is for
+// connections that OriginalDst cannot answer: those accepted on a listener
+// an earlier agent opened (adopted from `egret keeper`), which belongs to
+// the earlier agent's cgroup — gone with its container — so egret's
+// getsockopt program, attached to this agent's cgroup, does not run for
+// them. ErrNoOriginalDst if the map has no such connection.
+func (l *Loader) OriginalDstOf(c syscall.RawConn) (netip.AddrPort, error) {
+	var (
+		k    bpf.EgretTupleKey
+		serr error
+	)
+	err := c.Control(func(fd uintptr) { k, serr = tupleKeyOf(int(fd)) })
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if serr != nil {
+		return netip.AddrPort{}, serr
+	}
+	var v bpf.EgretOrigDst
+	if err := l.objs.EgretTuples.Lookup(&k, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return netip.AddrPort{}, ErrNoOriginalDst
+		}
+		return netip.AddrPort{}, fmt.Errorf("bpfload: egret_tuples: %w", err)
+	}
+	var a [16]byte
+	for i, w := range v.Addr {
+		binary.NativeEndian.PutUint32(a[4*i:], w)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16(a).Unmap(), v.Port), nil
+}
+
+// tupleKeyOf is the egret_tuples key of the accepted socket fd: the
+// server is its local end, the client its peer, IPv4 addresses mapped.
+func tupleKeyOf(fd int) (bpf.EgretTupleKey, error) {
+	var k bpf.EgretTupleKey
+	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return k, fmt.Errorf("bpfload: SO_NETNS_COOKIE: %w", err)
+	}
+	local, err := unix.Getsockname(fd)
+	if err != nil {
+		return k, fmt.Errorf("bpfload: getsockname: %w", err)
+	}
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		return k, fmt.Errorf("bpfload: getpeername: %w", err)
+	}
+	k.Netns = cookie
+	var sp, cp uint16
+	if k.Server, sp, err = keyAddr(local); err != nil {
+		return k, err
+	}
+	if k.Client, cp, err = keyAddr(peer); err != nil {
+		return k, err
+	}
+	k.ServerPort, k.ClientPort = sp, cp
+	return k, nil
+}
+
+// keyAddr is a socket address as the BPF programs key it: the 16 bytes of
+// the IPv6 (or IPv4-mapped) address as four words in memory order, and
+// the port.
+func keyAddr(sa unix.Sockaddr) ([4]uint32, uint16, error) {
+	var a [16]byte
+	var port int
+	switch s := sa.(type) {
+	case *unix.SockaddrInet4:
+		a = netip.AddrFrom4(s.Addr).As16()
+		port = s.Port
+	case *unix.SockaddrInet6:
+		a = s.Addr
+		port = s.Port
+	default:
+		return [4]uint32{}, 0, fmt.Errorf("bpfload: not an IP socket: %T", sa)
+	}
+	var w [4]uint32
+	for i := range w {
+		w[i] = binary.NativeEndian.Uint32(a[4*i:])
+	}
+	return w, uint16(port), nil
 }

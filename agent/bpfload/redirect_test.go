@@ -2,6 +2,7 @@ package bpfload_test
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"testing"
@@ -194,33 +195,84 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 	e := setup(t)
 	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4}, "10.77.0.1/32")
 	egret := listen(t, e.self, p.ns, listen4.String())
+	direct := listen(t, e.self, p.ns, "10.77.0.1:8080")
 
-	// The agent goes away without cleaning up: pinned links keep working.
+	// The agent goes away without cleaning up. Its listener lives on (as
+	// when egret keeper holds it), yet new connects go direct: the
+	// liveness socket went with the Loader.
 	if err := e.l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
-	if s := expectAt(t, egret); origDst(t, s).String() != "10.77.0.1:8080" {
-		t.Fatal("original lost while the agent was down")
+	if alive, err := e.l.Alive(); err == nil && alive {
+		t.Fatal("egret_alive still holds a socket after Close")
 	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	expectAt(t, direct, egret)
 
-	// A new agent adopts the pinned maps and links.
+	// A new agent adopts the pinned maps and links; connects are
+	// redirected again once it says it serves.
 	l2, err := bpfload.Load(bpfload.Options{PinDir: e.pin})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.l = l2 // setup's cleanup removes through the new loader
+	if alive, err := l2.Alive(); err != nil || alive {
+		t.Fatalf("Alive after Load = %v, %v; want false until SetAlive", alive, err)
+	}
+	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8080"})
+	expectAt(t, direct, egret)
+	if err := l2.SetAlive(); err != nil {
+		t.Fatal(err)
+	}
+	if alive, err := l2.Alive(); err != nil || !alive {
+		t.Fatalf("Alive after SetAlive = %v, %v; want true", alive, err)
+	}
 	ids, err := l2.Pods()
 	if err != nil || len(ids) != 1 || ids[0] != p.id {
 		t.Fatalf("adopted pods = %v, %v; want [%d]", ids, err, p.id)
 	}
 	dial(t, p.cg, p.ns, bpftest.Op{Addr: "10.77.0.1:8081"})
-	if s := expectAt(t, egret); origDst(t, s).String() != "10.77.0.1:8081" {
+	if s := expectAt(t, egret, direct); origDst(t, s).String() != "10.77.0.1:8081" {
 		t.Fatal("original wrong after adoption")
 	}
 	if _, err := os.Stat(e.pin); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A listener made outside egret's cgroup (an earlier agent's, adopted from
+// egret keeper after that agent's container cgroup went) gets no
+// SO_ORIGINAL_DST answer: OriginalDstOf finds the destination in the
+// tuple map instead, for IPv4 and IPv6.
+func TestOriginalDstOfAdoptedListener(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4, Listen6: listen6})
+	old := e.cg.Sub(t, "old-agent")
+	l4 := listen(t, old, p.ns, listen4.String())
+	l6 := listen(t, old, p.ns, listen6.String())
+
+	for _, tc := range []struct {
+		dst string
+		l   *net.TCPListener
+	}{{"192.0.2.44:8080", l4}, {"[2001:db8::44]:8443", l6}} {
+		c, _ := dial(t, p.cg, p.ns, bpftest.Op{Addr: tc.dst})
+		s := expectAt(t, tc.l)
+		if _, err := bpfload.OriginalDst(rawConn(t, s)); !errors.Is(err, bpfload.ErrNoOriginalDst) {
+			t.Fatalf("%s: OriginalDst on a socket outside egret's cgroup = %v, want ErrNoOriginalDst", tc.dst, err)
+		}
+		got, err := e.l.OriginalDstOf(rawConn(t, s))
+		if err != nil || got.String() != tc.dst {
+			t.Fatalf("OriginalDstOf = %v, %v; want %s", got, err, tc.dst)
+		}
+		roundTrip(t, c, s)
+	}
+	// A connection egret did not redirect is not in the map.
+	c, _ := dial(t, p.cg, p.ns, bpftest.Op{Addr: listen4.String()})
+	s := expectAt(t, l4)
+	if _, err := e.l.OriginalDstOf(rawConn(t, s)); !errors.Is(err, bpfload.ErrNoOriginalDst) {
+		t.Fatalf("OriginalDstOf of a connection to the listener itself = %v, want ErrNoOriginalDst", err)
+	}
+	c.Close()
 }
 
 // With RedirectLoopback a pod's connects to its own 127.0.0.1 are

@@ -44,7 +44,8 @@ func agentCommand() *cli.Command {
 			"SIGTERM or SIGINT: the kernel stops redirecting the pods (their connects go direct),\n" +
 			"the listeners close, in-flight requests finish within --grace, and the pinned eBPF\n" +
 			"state stays for the next agent to adopt (--cleanup removes it instead). If the agent\n" +
-			"dies, its listeners die with it and pods fail open the same way.\n\n" +
+			"dies, pods' new connects go direct the same way; with --keeper, connects queued on\n" +
+			"its listeners stay queued in `egret keeper` for the next agent to serve.\n\n" +
 			"Subcommands ask a running agent over its admin socket.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "pods", Usage: "pods `FILE` (YAML; see agent/pods/README.md); or --kubernetes"},
@@ -67,6 +68,7 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "pod-max-connections", Usage: "client connections a pod may hold at once, unless it sets its own (default: a quarter of what the descriptors allow, at most 1024)"},
 			&cli.IntFlag{Name: "pod-max-in-flight", Usage: "requests a pod may have in flight at once, unless it sets its own (default 256)"},
 			&cli.StringFlag{Name: "pod-max-spool-bytes", Usage: "request-body `SIZE` a pod may have held for replays at once, unless it sets its own (default 64MiB)"},
+			&cli.StringFlag{Name: "keeper", Usage: "unix `SOCKET` of `egret keeper`: hand it the pods' listeners, and adopt those it kept for an earlier agent (default: none)"},
 			&cli.IntFlag{Name: "fd-reserve", Usage: "file descriptors kept for egret itself, out of pods' reach (default: 128, or an eighth of the limit)"},
 		}, agentKubeFlags()...),
 		Action:      runAgent,
@@ -210,6 +212,16 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return kernelError(err)
 	}
+	kc, kept, err := dialKeeper(c, log)
+	if err != nil {
+		l.Close()
+		return err
+	}
+	var keep agent.ListenerKeeper // nil without --keeper
+	if kc != nil {
+		defer kc.Close()
+		keep = kc
+	}
 	adopted, _ := l.Pods()
 	for _, s := range l.Stale() {
 		log.Info("removed pinned eBPF state of a cgroup that is gone", "kind", s.Kind, "cgroup_id", s.ID)
@@ -227,6 +239,8 @@ func runAgent(c *cli.Context) error {
 		ShutdownGrace: c.Duration("grace"),
 		CleanupOnExit: c.Bool("cleanup"),
 		Reporter:      reporter,
+		Keeper:        keep,
+		Kept:          kept,
 		PodLimits:     podLimits,
 		FDs:           fds,
 		Logger:        log,

@@ -21,6 +21,7 @@ func App() *cli.App {
 		simulateCommand(),
 		proxyCommand(),
 		agentCommand(), runCommand(),
+		keeperCommand(),
 		// The agent's admin calls (status, pods, upstreams, explain)
 		// stand at the top as well as under `egret agent`.
 	}, append(adminCommands(), topCommand(), versionCommand(), completionCommand())...)

@@ -257,17 +257,22 @@ func child(mode string) int {
 		_ = enc.Encode(holdConns(mode, req))
 		_, _ = io.Copy(io.Discard, os.Stdin) // hold until the test says
 	case "load", "loadstream":
-		// load: for req.Duration, then every sample as one JSON array;
-		// loadstream: each sample a JSON line as it ends, until stdin
-		// closes (the test decides when by what the samples show).
+		// load: for req.Duration (or, when it is 0, until stdin closes),
+		// then every sample as one JSON array; loadstream: each sample a
+		// JSON line as it ends, until stdin closes (the test decides when
+		// by what the samples show).
 		var samples []loadSample
 		start := time.Now()
 		stop := make(chan struct{})
-		if mode == "loadstream" {
-			go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
+		untilStdin := mode == "loadstream" || req.Duration == 0
+		if untilStdin {
+			go func() {
+				_, _ = io.Copy(io.Discard, os.Stdin)
+				close(stop)
+			}()
 		}
 		done := func() bool {
-			if mode == "load" {
+			if !untilStdin {
 				return time.Since(start) >= req.Duration
 			}
 			select {
