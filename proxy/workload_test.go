@@ -20,7 +20,8 @@ type fakeClock struct {
 	now time.Time
 }
 
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.now = t }
 func (c *fakeClock) Add(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
@@ -207,6 +208,10 @@ upstreams:
 		}
 		resp.Body.Close()
 	}
+	// The budgets were last used at the requests' real times, which a
+	// loaded machine may take seconds to reach: the clock starts from
+	// after them, so that 11 s on it are past the TTL for every budget.
+	clock.Set(time.Now())
 	gauges := func() map[string]float64 {
 		fams, err := reg.Gather()
 		if err != nil {
