@@ -298,14 +298,16 @@ func TestRequestLogLine(t *testing.T) {
 // that deadline.
 func TestTunnelOutlivesHeadDeadline(t *testing.T) {
 	ln, got := echoServer(t, "")
-	p := startProxy(t, Config{ReadHeaderTimeout: 100 * time.Millisecond,
+	// 1 s, not less: the head comes in two pieces, and a loaded machine
+	// may take hundreds of milliseconds between them.
+	p := startProxy(t, Config{ReadHeaderTimeout: time.Second,
 		ConnectPorts: []int{ln.Addr().(*net.TCPAddr).Port}})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, "CONNECT "+ln.Addr().String()+" HTTP/1.1\r\n")
 	time.Sleep(20 * time.Millisecond) // not synchronisation: a head in two pieces, so that its deadline is set
 	io.WriteString(c, "Host: x\r\n\r\n")
@@ -314,7 +316,7 @@ func TestTunnelOutlivesHeadDeadline(t *testing.T) {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("CONNECT: %v %v", resp, err)
 	}
-	time.Sleep(250 * time.Millisecond) // not synchronisation: time past the head's deadline, the test's subject
+	time.Sleep(1500 * time.Millisecond) // not synchronisation: time past the head's deadline, the test's subject
 	io.WriteString(c, "ping")
 	if b := <-got; string(b) != "ping" {
 		t.Fatalf("destination got %q", b)
