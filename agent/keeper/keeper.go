@@ -14,6 +14,14 @@
 // connects go direct meanwhile: the eBPF connect programs redirect only
 // while an agent runs (bpfload's egret_alive).
 //
+// The hold is bounded (Keeper.Hold): a connect queued on a kept listener
+// waits for the next agent, and the kubelet may take a while to start one
+// (a crash-looping container waits up to 5 minutes). When no agent has
+// come within the hold, the keeper closes what it holds: each queued
+// connect is reset (a prompt, truthful failure for its client instead of
+// a wait that no client timeout allows for), and the next agent makes new
+// listeners.
+//
 // One agent at a time: the keeper serves one connection until it ends,
 // then accepts the next. Only a peer of the keeper's own effective uid is
 // served (SO_PEERCRED), on both ends.
@@ -64,9 +72,20 @@ type Keeper struct {
 	path string
 	log  *slog.Logger
 
-	mu   sync.Mutex
-	held map[string]*os.File
+	// Hold is how long the listeners of a dead agent are kept for the
+	// next one; 0 keeps them until it comes. Set it before Serve.
+	Hold time.Duration
+
+	mu    sync.Mutex
+	held  map[string]*os.File
+	agent bool // an agent is connected: nothing to release
 }
+
+// DefaultHold is the hold `egret keeper` uses unless told: long enough for
+// the kubelet's immediate restart of a killed container and the agent's
+// start (about 2 s measured on a real node), short of the 5 s and more that
+// HTTP clients commonly allow a request.
+const DefaultHold = 3 * time.Second
 
 // Listen makes the keeper's socket at path (a stale socket file there is
 // replaced), readable and writable by its owner only.
@@ -114,8 +133,19 @@ func (k *Keeper) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { k.ln.Close() })
 	defer stop()
 	defer k.closeAll()
+	var expire *time.Timer
 	for {
 		c, err := k.ln.AcceptUnix()
+		if err == nil {
+			// A release that has not yet taken the lock does nothing
+			// now: the next agent gets every listener held or none.
+			k.mu.Lock()
+			k.agent = true
+			k.mu.Unlock()
+		}
+		if expire != nil {
+			expire.Stop()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -131,8 +161,29 @@ func (k *Keeper) Serve(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		k.log.Info("agent gone: holding its listeners for the next one", "listeners", len(k.Held()))
+		k.mu.Lock()
+		k.agent = false
+		k.mu.Unlock()
+		k.log.Info("agent gone: holding its listeners for the next one", "listeners", len(k.Held()), "hold", k.Hold)
+		if k.Hold > 0 {
+			expire = time.AfterFunc(k.Hold, k.release)
+		}
 	}
+}
+
+// release closes every listener held (no agent came within the hold):
+// the connects queued on them are reset.
+func (k *Keeper) release() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.agent || len(k.held) == 0 {
+		return
+	}
+	for n, f := range k.held {
+		f.Close()
+		delete(k.held, n)
+	}
+	k.log.Warn("no agent within the hold: listeners closed, connects queued on them reset", "hold", k.Hold)
 }
 
 func (k *Keeper) closeAll() {

@@ -18,13 +18,17 @@ import (
 )
 
 // start runs a keeper on a socket in a fresh directory until the test ends.
-func start(t *testing.T) *keeper.Keeper {
+func start(t *testing.T) *keeper.Keeper { return startHold(t, 0) }
+
+// startHold is start with the keeper's Hold.
+func startHold(t *testing.T, hold time.Duration) *keeper.Keeper {
 	t.Helper()
 	dir := t.TempDir()
 	k, err := keeper.Listen(filepath.Join(dir, "keeper.sock"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	k.Hold = hold
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- k.Serve(ctx) }()
@@ -265,5 +269,89 @@ func TestDialWaitForALateKeeper(t *testing.T) {
 	defer r.c.Close()
 	if err := r.c.Sync(5 * time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// When no agent comes within the hold, the keeper closes the listeners:
+// a connect queued on one is reset (its client learns at once), and the
+// next agent gets nothing back.
+func TestHoldEndsResetQueuedConnects(t *testing.T) {
+	k := startHold(t, 200*time.Millisecond)
+	c1, _ := dial(t, k)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := c1.Put("pod-a "+addr, ln.(*net.TCPListener)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	c1.Close() // the agent dies
+
+	client, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("connect while no agent runs: %v", err)
+	}
+	defer client.Close()
+	if _, err := io.WriteString(client, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// The event: the read ends when the keeper's release resets the
+	// queued connection; 10 s is only a bound on a broken keeper.
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	n, err := client.Read(make([]byte, 1))
+	if n != 0 || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("queued connect after the hold: read %d, %v; want a reset", n, err)
+	}
+	t.Logf("reset %v after the read began (hold 200ms)", time.Since(start).Round(time.Millisecond))
+	if got := k.Held(); len(got) != 0 {
+		t.Fatalf("held after the hold: %v", got)
+	}
+	_, held := dial(t, k)
+	if len(held) != 0 {
+		t.Fatalf("the next agent got %v back after the hold", held)
+	}
+}
+
+// An agent that comes within the hold gets the listeners, and the hold's
+// end changes nothing for it.
+func TestAgentWithinTheHoldKeepsListeners(t *testing.T) {
+	hold := 300 * time.Millisecond
+	k := startHold(t, hold)
+	c1, _ := dial(t, k)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := c1.Put("pod-a "+addr, ln.(*net.TCPListener)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	c1.Close()
+	c2, held := dial(t, k)
+	if len(held) != 1 {
+		t.Fatalf("the next agent got %v, want the listener", held)
+	}
+	for _, f := range held {
+		f.Close()
+	}
+	// Past the hold with the agent connected: still held. Sync is the
+	// event that the keeper has read everything before it; the time
+	// waited is the subject (the hold's timer would have fired).
+	time.Sleep(2 * hold) // not synchronisation: the hold's length passing is the test's subject
+	if err := c2.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Held(); len(got) != 1 {
+		t.Fatalf("held %v past the hold with an agent connected, want the listener", got)
 	}
 }

@@ -27,9 +27,13 @@ func keeperCommand() *cli.Command {
 			"If the agent dies, even by SIGKILL, the listeners stay open in the keeper: connects\n" +
 			"the kernel had queued on them stay queued, and the next agent gets the listeners\n" +
 			"back, adopts them and serves those connects. New connects go direct meanwhile.\n" +
+			"If no agent comes within --hold, the keeper closes the listeners: the connects\n" +
+			"queued on them are reset at once rather than left waiting on a restart the kubelet\n" +
+			"may delay by minutes (crash-loop back-off); the next agent makes new listeners.\n" +
 			"The keeper needs no privileges. On SIGTERM or SIGINT it closes what it holds and exits.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: DefaultKeeperSocket, Usage: "unix `SOCKET` the agent connects to"},
+			&cli.StringFlag{Name: "hold", Value: keeper.DefaultHold.String(), Usage: "how long a dead agent's listeners are kept for the next agent (`DURATION`, e.g. 3s; 0 keeps them until it comes)"},
 			logFormatFlag,
 			logLevelFlag,
 		},
@@ -41,13 +45,18 @@ func keeperCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			hold, err := time.ParseDuration(c.String("hold"))
+			if err != nil || hold < 0 {
+				return usage("--hold %q: want a duration of 0 or more with its unit, e.g. 3s", c.String("hold"))
+			}
 			k, err := keeper.Listen(c.String("socket"), log)
 			if err != nil {
 				return cli.Exit(err.Error(), 1)
 			}
+			k.Hold = hold
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			log.Info("egret keeper running", "socket", k.Path(), "pid", os.Getpid())
+			log.Info("egret keeper running", "socket", k.Path(), "hold", hold, "pid", os.Getpid())
 			if err := k.Serve(ctx); err != nil {
 				return cli.Exit(err.Error(), 1)
 			}
