@@ -1,11 +1,14 @@
-// Command bench measures egret against a direct connection and HAProxy on
-// loopback, in one run: keep-alive GETs and 4 KiB POSTs driven by wrk, then
-// the memory each idle client connection costs egret (and HAProxy).
+// Command bench measures egret against a direct connection, HAProxy and
+// Caddy on loopback, in one run: the memory each idle keep-alive client
+// connection costs every proxy, then keep-alive GETs and 4 KiB POSTs driven
+// by wrk, with the CPU time each proxy spends per request.
 //
 //	go run ./test/bench [-duration 10s] [-conns 32] [-threads 2] [-idle 2000]
 //
-// Not part of CI. It needs wrk and haproxy (Debian's packages) on PATH or
-// given by flag; it builds egret itself from this module.
+// Not part of CI. It needs wrk, haproxy and caddy (Debian's packages) on
+// PATH or given by flag; it builds egret itself from this module. Caddy
+// (reverse_proxy, lb_retries 2) is the Go peer: a full proxy written in Go,
+// where go-relay is the least one.
 //
 // Two baselines are measured beside them (-baselines=false leaves them
 // out): haproxy+log, HAProxy writing one log line per request as egret
@@ -59,10 +62,11 @@ var (
 	idleN    = flag.Int("idle", 2000, "idle keep-alive connections opened for the memory measurement (0: skip)")
 	wrkBin   = flag.String("wrk", "wrk", "wrk binary")
 	haproxy  = flag.String("haproxy", "/usr/sbin/haproxy", "haproxy binary")
+	caddyBin = flag.String("caddy", "caddy", "caddy binary")
 	egretBin = flag.String("egret", "", "egret binary (default: go build ./cmd/egret)")
 	keep     = flag.Bool("keep", false, "keep the work directory (configs, logs)")
 	profile  = flag.String("profile", "", "write a CPU profile of egret during its first measured GET run to `FILE`")
-	extra    = flag.Bool("baselines", true, "also measure HAProxy logging each request (haproxy+log) and a bare Go relay (go-relay)")
+	extra    = flag.Bool("baselines", true, "also measure HAProxy and Caddy logging each request (haproxy+log, caddy+log) and a bare Go relay (go-relay)")
 	rate     = flag.Float64("rate", 4000, "requests per second of the paced runs")
 	paceN    = flag.Int("pace-conns", 16, "connections of the paced runs")
 	paced    = flag.Bool("paced", true, "after the wrk runs, measure latency at the fixed rate -rate (test/bench/pace)")
@@ -102,6 +106,10 @@ type target struct {
 	addr string // host:port wrk connects to
 	path string // request target wrk sends (absolute-form for egret)
 	pid  int    // process to measure (0: none)
+	// goStats is the address serving the target's Go runtime figures on
+	// /metrics and a collection on /debug/pprof/heap?gc=1 (egret's
+	// --metrics, Caddy's admin endpoint); "" for none.
+	goStats string
 }
 
 func run() error {
@@ -118,7 +126,7 @@ func run() error {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	for _, b := range []string{*wrkBin, *haproxy} {
+	for _, b := range []string{*wrkBin, *haproxy, *caddyBin} {
 		if _, err := exec.LookPath(b); err != nil {
 			return fmt.Errorf("%s not found: %w", b, err)
 		}
@@ -182,15 +190,23 @@ func run() error {
 	}
 	defer stop(hp)
 
-	listening := []string{egretAddr, hpAddr, metricsAddr}
+	cdAddr, cdAdmin := freeAddr(), freeAddr()
+	cd, err := startCaddy(dir, "caddy", caddyConfig(cdAddr, cdAdmin, upAddr, false))
+	if err != nil {
+		return err
+	}
+	defer stop(cd)
+
+	listening := []string{egretAddr, hpAddr, metricsAddr, cdAddr, cdAdmin}
 	targets := []target{
 		{name: "direct", addr: upAddr, path: "/"},
 		{name: "haproxy", addr: hpAddr, path: "/", pid: hp.Process.Pid},
-		{name: "egret", addr: egretAddr, path: "http://" + upAddr + "/", pid: eg.Process.Pid},
+		{name: "egret", addr: egretAddr, path: "http://" + upAddr + "/", pid: eg.Process.Pid, goStats: metricsAddr},
+		{name: "caddy", addr: cdAddr, path: "/", pid: cd.Process.Pid, goStats: cdAdmin},
 	}
 	if *extra {
-		// HAProxy writing one log line per request, as egret does; and the
-		// floor of a Go proxy: see test/bench/relay.
+		// HAProxy and Caddy writing one log line per request, as egret
+		// does; and the floor of a Go proxy: see test/bench/relay.
 		hplAddr := freeAddr()
 		hpl, err := startHAProxy(dir, "haproxy-log", haproxyConfig(hplAddr, upAddr, true))
 		if err != nil {
@@ -208,10 +224,17 @@ func run() error {
 			return err
 		}
 		defer stop(rl)
-		listening = append(listening, hplAddr, relayAddr)
+		cdlAddr, cdlAdmin := freeAddr(), freeAddr()
+		cdl, err := startCaddy(dir, "caddy-log", caddyConfig(cdlAddr, cdlAdmin, upAddr, true))
+		if err != nil {
+			return err
+		}
+		defer stop(cdl)
+		listening = append(listening, hplAddr, relayAddr, cdlAddr, cdlAdmin)
 		targets = append(targets,
 			target{name: "haproxy+log", addr: hplAddr, path: "/", pid: hpl.Process.Pid},
-			target{name: "go-relay", addr: relayAddr, path: "/", pid: rl.Process.Pid})
+			target{name: "go-relay", addr: relayAddr, path: "/", pid: rl.Process.Pid},
+			target{name: "caddy+log", addr: cdlAddr, path: "/", pid: cdl.Process.Pid, goStats: cdlAdmin})
 	}
 	for _, a := range listening {
 		if err := waitListening(a, 10*time.Second); err != nil {
@@ -221,6 +244,12 @@ func run() error {
 	// egret must really be in the way: its answers carry Egret-Request-Id.
 	if err := checkEgret(egretAddr, upAddr); err != nil {
 		return err
+	}
+	// Every target carries the upstream's answer.
+	for _, tg := range targets {
+		if err := oneRequest(tg, len(payload)); err != nil {
+			return fmt.Errorf("request through %s: %w", tg.name, err)
+		}
 	}
 	fmt.Printf("upstream %s", upAddr)
 	for _, tg := range targets[1:] {
@@ -236,18 +265,27 @@ func run() error {
 	// does not hide the cost of new connections.
 	if *idleN > 0 {
 		fmt.Printf("memory per idle keep-alive client connection (%d connections, each after one request):\n", *idleN)
-		for _, tg := range targets[1:3] { // haproxy and egret
-			m, err := idleCost(tg, *idleN, metricsAddrFor(tg, metricsAddr))
+		mem := map[string]float64{}
+		for _, tg := range targets {
+			if tg.pid == 0 {
+				continue
+			}
+			m, err := idleCost(tg, *idleN, len(payload))
 			if err != nil {
 				return fmt.Errorf("%s idle: %w", tg.name, err)
 			}
-			fmt.Printf("  %-8s RSS %+8.1f KiB/conn", tg.name, m.rss/1024)
+			mem[tg.name] = m.rss
+			fmt.Printf("  %-11s RSS %+8.1f KiB/conn", tg.name, m.rss/1024)
 			if m.heap >= 0 {
 				fmt.Printf("   Go heap+stacks in use %+6.1f KiB/conn, goroutines %+.2f/conn", m.heap/1024, m.goroutines)
 			}
 			fmt.Println()
 		}
-		fmt.Println()
+		fmt.Printf("  RSS per idle connection egret/haproxy %s, egret/caddy %s", ratio(mem["egret"], mem["haproxy"]), ratio(mem["egret"], mem["caddy"]))
+		if *extra {
+			fmt.Printf(", egret/go-relay %s", ratio(mem["egret"], mem["go-relay"]))
+		}
+		fmt.Print("\n\n")
 	}
 
 	workloads := []workload{
@@ -342,11 +380,14 @@ func measureSaturation(dir, egret, metricsAddr, upAddr string, targets []target,
 		fmt.Printf("  %-10s throughput egret/haproxy %.2f, egret/direct %.2f; p50 egret/haproxy %.2f, p99 egret/haproxy %.2f; added p99 egret %s vs haproxy %s (ratio %s); CPU per request egret/haproxy %.2f\n",
 			w.name, e.rps/h.rps, e.rps/d.rps, float64(e.p50)/float64(h.p50), float64(e.p99)/float64(h.p99),
 			fmtDur(e.p99-d.p99), fmtDur(h.p99-d.p99), added, float64(e.cpu)/float64(max(h.cpu, 1)))
+		c := results[key{w.name, "caddy"}]
+		fmt.Printf("  %-10s Go peer: throughput egret/caddy %.2f, caddy/haproxy %.2f; CPU per request egret/caddy %s, caddy/haproxy %s\n",
+			w.name, e.rps/c.rps, c.rps/h.rps, ratio(float64(e.cpu), float64(c.cpu)), ratio(float64(c.cpu), float64(h.cpu)))
 		if *extra {
-			hl, g := results[key{w.name, "haproxy+log"}], results[key{w.name, "go-relay"}]
-			fmt.Printf("  %-10s baselines: throughput egret/haproxy+log %.2f, go-relay/haproxy %.2f; CPU per request egret/haproxy+log %.2f, go-relay/haproxy %.2f, egret/go-relay %.2f\n",
-				w.name, e.rps/hl.rps, g.rps/h.rps, float64(e.cpu)/float64(max(hl.cpu, 1)),
-				float64(g.cpu)/float64(max(h.cpu, 1)), float64(e.cpu)/float64(max(g.cpu, 1)))
+			hl, g, cl := results[key{w.name, "haproxy+log"}], results[key{w.name, "go-relay"}], results[key{w.name, "caddy+log"}]
+			fmt.Printf("  %-10s baselines: throughput egret/haproxy+log %.2f, egret/caddy+log %.2f, go-relay/haproxy %.2f; CPU per request egret/haproxy+log %.2f, egret/caddy+log %s, go-relay/haproxy %.2f, egret/go-relay %.2f, caddy/go-relay %s\n",
+				w.name, e.rps/hl.rps, e.rps/cl.rps, g.rps/h.rps, float64(e.cpu)/float64(max(hl.cpu, 1)), ratio(float64(e.cpu), float64(cl.cpu)),
+				float64(g.cpu)/float64(max(h.cpu, 1)), float64(e.cpu)/float64(max(g.cpu, 1)), ratio(float64(c.cpu), float64(g.cpu)))
 		}
 	}
 	var satErr error
@@ -358,6 +399,15 @@ func measureSaturation(dir, egret, metricsAddr, upAddr string, targets []target,
 		}
 	}
 	return satErr, nil
+}
+
+// ratio is a/b with two decimals, "n/a" when b is not above 0 (a figure
+// not measured, or a memory growth lost in the noise).
+func ratio(a, b float64) string {
+	if b <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", a/b)
 }
 
 // cpuCell is a CPU time per request for the tables ("-" when not measured).
@@ -425,7 +475,6 @@ func measurePaced(bin, host string, targets []target, workloads []workload) erro
 			sort.Slice(rs, func(i, j int) bool { return rs[i].P99 < rs[j].P99 })
 			results[key{w.name, tg.name}] = rs[len(rs)/2]
 			spread[key{w.name, tg.name}] = [2]time.Duration{rs[0].P99, rs[len(rs)-1].P99}
-			spread[key{w.name, tg.name}] = [2]time.Duration{rs[0].P99, rs[len(rs)-1].P99}
 		}
 	}
 
@@ -450,12 +499,16 @@ func measurePaced(bin, host string, targets []target, workloads []workload) erro
 	}
 	for _, w := range workloads {
 		d, h, e := results[key{w.name, "direct"}], results[key{w.name, "haproxy"}], results[key{w.name, "egret"}]
+		c := results[key{w.name, "caddy"}]
 		fmt.Printf("  %-10s %s\n", w.name, added("p99", d.P99, h.P99, e.P99))
 		fmt.Printf("  %-10s %s\n", w.name, added("p50", d.P50, h.P50, e.P50))
+		fmt.Printf("  %-10s Go peer: added p99 caddy %s, p50 caddy %s; CPU per request egret/caddy %s, egret/haproxy %s\n",
+			w.name, fmtDur(c.P99-d.P99), fmtDur(c.P50-d.P50), ratio(float64(e.cpu), float64(c.cpu)), ratio(float64(e.cpu), float64(h.cpu)))
 		if *extra {
-			hl, g := results[key{w.name, "haproxy+log"}], results[key{w.name, "go-relay"}]
-			fmt.Printf("  %-10s baselines: added p99 haproxy+log %s, go-relay %s; added p50 haproxy+log %s, go-relay %s\n",
-				w.name, fmtDur(hl.P99-d.P99), fmtDur(g.P99-d.P99), fmtDur(hl.P50-d.P50), fmtDur(g.P50-d.P50))
+			hl, g, cl := results[key{w.name, "haproxy+log"}], results[key{w.name, "go-relay"}], results[key{w.name, "caddy+log"}]
+			fmt.Printf("  %-10s baselines: added p99 haproxy+log %s, go-relay %s, caddy+log %s; added p50 haproxy+log %s, go-relay %s, caddy+log %s; CPU per request egret/go-relay %s\n",
+				w.name, fmtDur(hl.P99-d.P99), fmtDur(g.P99-d.P99), fmtDur(cl.P99-d.P99), fmtDur(hl.P50-d.P50), fmtDur(g.P50-d.P50), fmtDur(cl.P50-d.P50),
+				ratio(float64(e.cpu), float64(g.cpu)))
 		}
 	}
 	if len(bad) > 0 {
@@ -540,6 +593,71 @@ backend be
 `, logGlobal, logDefaults, listen, upstream)
 }
 
+// startCaddy checks and starts Caddy with the JSON config cfg; its output
+// goes to name.log in dir, and its config and data directories are under
+// dir (nothing is written to the user's home).
+func startCaddy(dir, name, cfg string) (*exec.Cmd, error) {
+	path := filepath.Join(dir, name+".json")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	home := filepath.Join(dir, name+"-home")
+	env := append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(home, "config"), "XDG_DATA_HOME="+filepath.Join(home, "data"))
+	check := exec.Command(*caddyBin, "validate", "--config", path)
+	check.Env = env
+	if out, err := check.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("caddy validate: %v\n%s", err, out)
+	}
+	cd := exec.Command(*caddyBin, "run", "--config", path)
+	cd.Env = env
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cd.Stdout, cd.Stderr = logf, logf
+	if err := cd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	return cd, nil
+}
+
+// caddyConfig is Caddy's counterpart of egret's embedded defaults: one
+// reverse_proxy to the upstream with 2 retries (Caddy retries a failed
+// dial for any request, other failures of GETs only), keep-alive
+// connections to it, no automatic HTTPS. Its admin endpoint listens on
+// loopback at admin, for the Go runtime's figures (/metrics) and a garbage
+// collection (/debug/pprof). With logged, it writes one access log line
+// per request (JSON, to its standard error: a file), as egret does.
+func caddyConfig(listen, admin, upstream string, logged bool) string {
+	type m = map[string]any
+	server := m{
+		"listen":          []string{listen},
+		"automatic_https": m{"disable": true},
+		"routes": []m{{"handle": []m{{
+			"handler":        "reverse_proxy",
+			"upstreams":      []m{{"dial": upstream}},
+			"load_balancing": m{"retries": 2},
+			"transport": m{
+				"protocol":   "http",
+				"keep_alive": m{"enabled": true, "idle_timeout": "90s", "max_idle_conns_per_host": 256},
+			},
+		}}}},
+	}
+	if logged {
+		server["logs"] = m{}
+	}
+	cfg := m{
+		"admin": m{"listen": admin, "config": m{"persist": false}},
+		"apps":  m{"http": m{"servers": m{"bench": server}}},
+	}
+	b, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		panic(err) // maps of strings, numbers and bools
+	}
+	return string(b)
+}
+
 var (
 	reRPS     = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
 	reCount   = regexp.MustCompile(`(\d+) requests in`)
@@ -598,13 +716,15 @@ type memCost struct {
 }
 
 // idleCost opens n keep-alive connections to tg, sends one request on each
-// and reads its answer, then measures the process's growth with the
-// connections idle; for egret after a garbage collection each time.
-func idleCost(tg target, n int, metrics string) (memCost, error) {
+// and reads its answer (of want bytes), then measures the process's growth
+// with the connections idle; for a target with Go runtime figures
+// (goStats) after a garbage collection each time.
+func idleCost(tg target, n, want int) (memCost, error) {
 	c := memCost{heap: -1}
+	metrics := tg.goStats
 	settle := func() { time.Sleep(1500 * time.Millisecond) }
 	// One request first, so that the process has served traffic.
-	if err := oneRequest(tg); err != nil {
+	if err := oneRequest(tg, want); err != nil {
 		return c, err
 	}
 	settle()
@@ -635,10 +755,13 @@ func idleCost(tg target, n int, metrics string) (memCost, error) {
 		if err != nil {
 			return c, err
 		}
-		io.Copy(io.Discard, resp.Body)
+		got, err := io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return c, fmt.Errorf("status %d", resp.StatusCode)
+		if err != nil {
+			return c, err
+		}
+		if resp.StatusCode != 200 || got != int64(want) {
+			return c, fmt.Errorf("answer %d with %d bytes, want 200 with %d", resp.StatusCode, got, want)
 		}
 		cn.SetDeadline(time.Time{})
 	}
@@ -658,9 +781,9 @@ func idleCost(tg target, n int, metrics string) (memCost, error) {
 	return c, nil
 }
 
-// collect has egret's garbage collector run (its pprof heap profile with
-// gc=1), so that memory in use is what is live, not garbage a collection
-// has not come for yet. A no-op without a metrics address.
+// collect has a Go target's garbage collector run (its pprof heap profile
+// with gc=1), so that memory in use is what is live, not garbage a
+// collection has not come for yet. A no-op without an address.
 func collect(metrics string) {
 	if metrics == "" {
 		return
@@ -671,7 +794,9 @@ func collect(metrics string) {
 	}
 }
 
-func oneRequest(tg target) error {
+// oneRequest sends one GET through tg and checks that the upstream's
+// answer, 200 with want bytes, comes back.
+func oneRequest(tg target, want int) error {
 	cn, err := net.DialTimeout("tcp", tg.addr, 5*time.Second)
 	if err != nil {
 		return err
@@ -683,19 +808,19 @@ func oneRequest(tg target) error {
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
+	defer resp.Body.Close()
+	got, err := io.Copy(io.Discard, resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != 200 || got != int64(want) {
+		return fmt.Errorf("answer %d with %d bytes, want 200 with %d", resp.StatusCode, got, want)
+	}
 	return nil
 }
 
-func metricsAddrFor(tg target, metrics string) string {
-	if tg.name == "egret" {
-		return metrics
-	}
-	return ""
-}
-
 // goMem reads the Go runtime's heap and stacks in use, and goroutines,
-// from egret's /metrics.
+// from a Go target's /metrics (egret's, Caddy's admin endpoint).
 func goMem(addr string) (float64, float64, error) {
 	if addr == "" {
 		return 0, 0, errors.New("no metrics")
