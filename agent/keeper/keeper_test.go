@@ -277,20 +277,7 @@ func TestDialWaitForALateKeeper(t *testing.T) {
 // next agent gets nothing back.
 func TestHoldEndsResetQueuedConnects(t *testing.T) {
 	k := startHold(t, 200*time.Millisecond)
-	c1, _ := dial(t, k)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := c1.Put("pod-a "+addr, ln.(*net.TCPListener)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c1.Sync(5 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	ln.Close()
-	c1.Close() // the agent dies
+	addr := agentDies(t, k)
 
 	client, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
@@ -323,20 +310,7 @@ func TestHoldEndsResetQueuedConnects(t *testing.T) {
 func TestAgentWithinTheHoldKeepsListeners(t *testing.T) {
 	hold := 300 * time.Millisecond
 	k := startHold(t, hold)
-	c1, _ := dial(t, k)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := c1.Put("pod-a "+addr, ln.(*net.TCPListener)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c1.Sync(5 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	ln.Close()
-	c1.Close()
+	agentDies(t, k)
 	c2, held := dial(t, k)
 	if len(held) != 1 {
 		t.Fatalf("the next agent got %v, want the listener", held)
@@ -354,4 +328,25 @@ func TestAgentWithinTheHoldKeepsListeners(t *testing.T) {
 	if got := k.Held(); len(got) != 1 {
 		t.Fatalf("held %v past the hold with an agent connected, want the listener", got)
 	}
+}
+
+// agentDies connects an agent to k, hands it one listener ("pod-a ADDR")
+// and ends the agent: its listener and connection close. It returns ADDR.
+func agentDies(t *testing.T, k *keeper.Keeper) string {
+	t.Helper()
+	c, _ := dial(t, k)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := c.Put("pod-a "+addr, ln.(*net.TCPListener)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	c.Close()
+	return addr
 }
