@@ -24,20 +24,7 @@ import (
 // field names, "relayed" rather than "" for a relayed response, null
 // for what is unknown.
 func TestStandaloneAdminAndExplainJSON(t *testing.T) {
-	var n atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/reset" {
-			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				c.(*net.TCPConn).SetLinger(0)
-				c.Close()
-			}
-			return
-		}
-		if n.Add(1) == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-	}))
-	defer up.Close()
+	up := flakyUpstream(t)
 	budgets := engine.NewBudgets()
 	srv, err := proxy.New(proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Witness: witness.TCPInfo{}})
 	if err != nil {
@@ -138,4 +125,26 @@ func TestStandaloneAdminAndExplainJSON(t *testing.T) {
 	if witnessed == 0 {
 		t.Error("no attempt carried witness counters")
 	}
+}
+
+// flakyUpstream answers its first request 503 and the rest 200, and
+// resets every connection that asks for /reset (a request that may have
+// run, for an ambiguous answer).
+func flakyUpstream(t *testing.T) *httptest.Server {
+	t.Helper()
+	var n atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/reset" {
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			}
+			return
+		}
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up
 }

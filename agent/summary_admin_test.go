@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,20 +19,7 @@ import (
 // ambiguous POST through it: the upstream's row counts both, its budget
 // is there, and the POST is listed with its reason.
 func TestStandaloneSummary(t *testing.T) {
-	var n atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/reset" {
-			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				c.(*net.TCPConn).SetLinger(0)
-				c.Close()
-			}
-			return
-		}
-		if n.Add(1) == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-	}))
-	defer up.Close()
+	up := flakyUpstream(t)
 	upstream := strings.TrimPrefix(up.URL, "http://")
 	pm, err := proxy.NewMetrics(nil)
 	if err != nil {
