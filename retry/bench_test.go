@@ -96,3 +96,45 @@ func BenchmarkTransport(b *testing.B) {
 		run(b, &Transport{Base: base, Witness: tcpInfoForBench()})
 	})
 }
+
+// BenchmarkTransportH2C runs keep-alive GETs over h2c (HTTP/2 with prior
+// knowledge) on loopback through Transport on NewHTTPTransport's HTTP/2
+// pool, beside a bare net/http Transport speaking h2c to the same server.
+func BenchmarkTransportH2C(b *testing.B) {
+	body := make([]byte, 512)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	defer srv.Close()
+	run := func(b *testing.B, rt http.RoundTripper) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.ProtoMajor != 2 {
+				b.Fatalf("proto %s, want HTTP/2", resp.Proto)
+			}
+		}
+	}
+	b.Run("bare", func(b *testing.B) {
+		t := &http.Transport{Protocols: new(http.Protocols)}
+		t.Protocols.SetUnencryptedHTTP2(true)
+		defer t.CloseIdleConnections()
+		run(b, t)
+	})
+	b.Run("egret", func(b *testing.B) {
+		base := NewHTTPTransport(HTTPOptions{H2C: true})
+		defer base.CloseIdleConnections()
+		run(b, &Transport{Base: base})
+	})
+}

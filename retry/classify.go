@@ -11,8 +11,6 @@ import (
 	"sync"
 	"syscall"
 
-	"golang.org/x/net/http2"
-
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/witness"
 )
@@ -246,13 +244,9 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 		}
 		return dialCategory(de.Err, timedOut || a.connectStart && !a.connectDone && isTimeout(de.Err))
 	}
-	var se http2.StreamError
-	if errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream {
-		return engine.RefusedStream, StageHeaders
-	}
-	if isH2RefusedGoAway(err) || isH2Unusable(err) {
-		// Above a GOAWAY's last stream, or on connections that would
-		// open no new stream: the server never saw it.
+	if h2Refused(err) {
+		// REFUSED_STREAM, above a GOAWAY's last stream, or on connections
+		// that would open no new stream: the server never saw it.
 		return engine.RefusedStream, StageHeaders
 	}
 	if a.gotConns == 0 {
@@ -292,7 +286,7 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 	case timedOut, errors.Is(err, errAttemptTimeout):
 		// The attempt's timer or the deadline ended it before a final
 		// response header: response_timeout, even when part of an answer
-		// had come (an interim 1xx, the start of a head). x/net/http2 then
+		// had come (an interim 1xx, the start of a head). net/http's HTTP/2 then
 		// reports a bare context.Canceled, without the timer's cause.
 		return engine.ResponseTimeout, StageHeaders
 	case a.writeErr != nil:
@@ -304,15 +298,6 @@ func (a *attemptTrace) classifyLocked(err error, timedOut bool) (engine.Category
 		return engine.ConnectionReset, StageWrite
 	}
 	return engine.ConnectionReset, StageHeaders
-}
-
-// peerReset reports whether err is an HTTP/2 stream reset or GOAWAY the
-// server sent. Our own cancellation never produces one: x/net/http2 ends a
-// cancelled stream with the context's error.
-func peerReset(err error) bool {
-	var se http2.StreamError
-	var ge http2.GoAwayError
-	return errors.As(err, &se) && se.Code != http2.ErrCodeCancel || errors.As(err, &ge)
 }
 
 func dialCategory(err error, timedOut bool) (engine.Category, Stage) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -13,8 +12,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/net/http2"
 
 	"github.com/egret-proxy/egret/internal/rawsock"
 )
@@ -73,14 +70,13 @@ func (e *DialError) Unwrap() error { return e.Err }
 
 // HTTPTransport runs one attempt of a request on pooled connections, and
 // never more than one: HTTP/1.1 on a client of its own (h1.go; net/http's
-// Transport replays requests by itself), HTTP/2 through x/net/http2 on
-// connections it pools itself (x/net/http2's own pool retries refused
-// streams and GOAWAYs up to six times). Every connection it opens can be
-// watched by a kernel witness.
+// Transport replays requests by itself), HTTP/2 on net/http's
+// http.ClientConn, on connections it pools itself (h2pool.go; net/http's
+// own pool retries refused streams and GOAWAYs). Every connection it opens
+// can be watched by a kernel witness.
 type HTTPTransport struct {
 	opts  HTTPOptions
 	h1    *h1Pool
-	h2t   *http2.Transport
 	h2    *h2Pool
 	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
 	stash connStash // TLS conns that negotiated http/1.1, handed to h1
@@ -119,17 +115,7 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 	}
 	t.h1 = newH1Pool(t)
 	if opts.HTTP2 || opts.H2C {
-		t.h2t = &http2.Transport{
-			AllowHTTP:          true,
-			DisableCompression: opts.DisableCompression,
-			IdleConnTimeout:    opts.IdleConnTimeout * 8,
-			ReadIdleTimeout:    30 * time.Second,
-			PingTimeout:        10 * time.Second,
-		}
-		if opts.MaxResponseHeaderBytes > 0 {
-			t.h2t.MaxHeaderListSize = uint32(min(opts.MaxResponseHeaderBytes, 1<<31))
-		}
-		t.h2 = &h2Pool{t: t, conns: make(map[string][]*h2Conn), dialing: make(map[string]chan struct{})}
+		t.h2 = newH2Pool(t)
 	}
 	return t
 }
@@ -315,186 +301,4 @@ func (s *connStash) closeAll() {
 		}
 		delete(s.m, k)
 	}
-}
-
-// h2Conn is one pooled HTTP/2 connection.
-type h2Conn struct {
-	cc   *http2.ClientConn
-	nc   net.Conn // what GotConn reports: the *tls.Conn or the witness conn
-	used bool
-}
-
-// h2Pool pools HTTP/2 client connections by address and calls
-// ClientConn.RoundTrip directly, so that a refused stream or a GOAWAY
-// reaches the retry Transport as it is.
-type h2Pool struct {
-	t       *HTTPTransport
-	mu      sync.Mutex
-	conns   map[string][]*h2Conn
-	dialing map[string]chan struct{}
-}
-
-// errH1 says an https upstream chose http/1.1 by ALPN.
-var errH1 = errors.New("upstream negotiated http/1.1")
-
-func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
-	// x/net/http2 reports through httptrace only.
-	ctx, traced := withHTTPTrace(req.Context())
-	h2req := req
-	if traced || isEmptyBodyMarked(req) {
-		h2req = req.WithContext(ctx)
-	}
-	if isEmptyBodyMarked(req) {
-		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
-		h2req.Body, h2req.TransferEncoding = nil, nil
-	}
-	trace := httptrace.ContextClientTrace(ctx)
-	if trace != nil && trace.GetConn != nil {
-		trace.GetConn(addr)
-	}
-	// A connection that became unusable before our stream was opened
-	// wrote nothing of this request: taking another one is not a retry.
-	for try := 0; ; try++ {
-		c, reused, err := p.get(ctx, addr, useTLS)
-		if errors.Is(err, errH1) {
-			return p.t.h1.roundTrip(req)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if trace != nil && trace.GotConn != nil {
-			trace.GotConn(httptrace.GotConnInfo{Conn: c.nc, Reused: reused})
-		}
-		resp, err := c.cc.RoundTrip(h2req)
-		if err != nil && isH2Unusable(err) && try < 3 {
-			continue
-		}
-		return resp, err
-	}
-}
-
-// isH2Unusable matches x/net/http2's errClientConnUnusable, returned before
-// a stream is opened.
-func isH2Unusable(err error) bool {
-	return err != nil && err.Error() == "http2: client conn not usable"
-}
-
-// get returns a connection with a stream reserved for the caller.
-func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool) (*h2Conn, bool, error) {
-	for dials := 0; ; {
-		p.mu.Lock()
-		live := p.conns[addr][:0]
-		var found *h2Conn
-		for _, c := range p.conns[addr] {
-			st := c.cc.State()
-			if st.Closed || (st.Closing && st.StreamsActive == 0 && st.StreamsReserved == 0) {
-				if !st.Closed {
-					c.cc.Close()
-				}
-				continue
-			}
-			live = append(live, c)
-			if found == nil && c.cc.ReserveNewRequest() {
-				found = c
-			}
-		}
-		clear(p.conns[addr][len(live):])
-		p.conns[addr] = live
-		if found != nil {
-			reused := found.used
-			found.used = true
-			p.mu.Unlock()
-			return found, reused, nil
-		}
-		if wait, ok := p.dialing[addr]; ok {
-			p.mu.Unlock()
-			select {
-			case <-wait:
-				continue
-			case <-ctx.Done():
-				return nil, false, ctx.Err()
-			}
-		}
-		if dials == 3 {
-			p.mu.Unlock()
-			return nil, false, fmt.Errorf("no HTTP/2 connection to %s takes a new stream", addr)
-		}
-		dials++
-		done := make(chan struct{})
-		p.dialing[addr] = done
-		p.mu.Unlock()
-
-		c, err := p.dial(ctx, addr, useTLS)
-		p.mu.Lock()
-		delete(p.dialing, addr)
-		close(done)
-		if err != nil {
-			p.mu.Unlock()
-			return nil, false, err
-		}
-		p.conns[addr] = append(p.conns[addr], c)
-		ok := c.cc.ReserveNewRequest()
-		c.used = true
-		p.mu.Unlock()
-		if ok {
-			return c, false, nil
-		}
-	}
-}
-
-func (p *h2Pool) dial(ctx context.Context, addr string, useTLS bool) (*h2Conn, error) {
-	var nc net.Conn
-	if useTLS {
-		tc, err := p.t.dialTLS(ctx, "tcp", addr, []string{"h2", "http/1.1"})
-		if err != nil {
-			return nil, err
-		}
-		if tc.ConnectionState().NegotiatedProtocol != "h2" {
-			p.t.alpn.Store(addr, time.Now().Add(10*time.Minute))
-			p.t.stash.put(addr, tc)
-			return nil, errH1
-		}
-		nc = tc
-	} else {
-		c, err := p.t.dialPlain(ctx, "tcp", addr)
-		if err != nil {
-			return nil, err
-		}
-		nc = c
-	}
-	if wc := witnessConnOf(nc); wc != nil {
-		wc.shared = true
-	}
-	cc, err := p.t.h2t.NewClientConn(nc)
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("http2 connection to %s: %w", addr, err)
-	}
-	return &h2Conn{cc: cc, nc: nc}, nil
-}
-
-func (p *h2Pool) closeIdle() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for addr, l := range p.conns {
-		live := l[:0]
-		for _, c := range l {
-			st := c.cc.State()
-			if st.StreamsActive == 0 && st.StreamsReserved == 0 && st.StreamsPending == 0 {
-				c.cc.Close()
-				continue
-			}
-			live = append(live, c)
-		}
-		clear(l[len(live):])
-		p.conns[addr] = live
-	}
-}
-
-// isH2RefusedGoAway matches the errors x/net/http2 gives a stream whose id
-// is above a GOAWAY's last-stream-id (the server never processed it).
-func isH2RefusedGoAway(err error) bool {
-	s := err.Error()
-	return s == "http2: Transport received Server's graceful shutdown GOAWAY" ||
-		strings.HasPrefix(s, "http2: Transport received GOAWAY from server ErrCode:")
 }

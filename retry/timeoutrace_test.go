@@ -14,7 +14,6 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy/witness"
-	"golang.org/x/net/http2"
 )
 
 // stallWitness holds its first snapshot (the one the attempt timer takes
@@ -139,11 +138,15 @@ func TestResponseRacingTheAttemptTimer(t *testing.T) {
 	}
 }
 
-// peerResetBase answers like x/net/http2 when the server resets the stream
-// after reading the request, but only once the attempt's timer has fired:
-// the order a loaded machine produces, where RoundTrip's error is looked at
+// peerResetBase answers with net/http's own error for a server that reset
+// the stream after reading the request (err, made on a real connection by
+// h2PeerResetError), but only once the attempt's timer has fired: the
+// order a loaded machine produces, where RoundTrip's error is looked at
 // after the timer. (The truth suite met it in CI: 504 for a 502.)
-type peerResetBase struct{ conn net.Conn }
+type peerResetBase struct {
+	conn net.Conn
+	err  error
+}
 
 func (b peerResetBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	if ct := httptrace.ContextClientTrace(req.Context()); ct != nil {
@@ -152,7 +155,7 @@ func (b peerResetBase) RoundTrip(req *http.Request) (*http.Response, error) {
 		ct.WroteRequest(httptrace.WroteRequestInfo{})
 	}
 	<-req.Context().Done()
-	return nil, http2.StreamError{StreamID: 1, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}
+	return nil, b.err
 }
 
 func TestPeerResetSeenAfterTheTimerIsAReset(t *testing.T) {
@@ -161,7 +164,7 @@ func TestPeerResetSeenAfterTheTimerIsAReset(t *testing.T) {
 	defer c2.Close()
 	var traces []*Trace
 	tr := &Transport{
-		Base: peerResetBase{conn: c1},
+		Base: peerResetBase{conn: c1, err: h2PeerResetError(t)},
 		Policy: func(*http.Request) Policy {
 			p := DefaultPolicy("")
 			p.MaxAttempts = 1

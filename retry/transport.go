@@ -39,7 +39,7 @@ const DefaultKeepBody = 64 << 10
 // an Idempotency-Key, the server closed or reset it before answering),
 // again and again while it finds pooled connections, outside the budget
 // and max_attempts, and whatever the policy says of idempotency; and
-// x/net/http2's pool replays refused streams and GOAWAYs up to six times.
+// net/http's HTTP/2 pool replays refused streams and GOAWAYs by itself.
 // The default Base, HTTPTransport, speaks HTTP/1.1 itself and runs HTTP/2
 // on its own pool that calls ClientConn.RoundTrip directly, so neither
 // happens there. For any other Base (a net/http Transport, say),
