@@ -249,7 +249,17 @@ func (c *cluster) expectRetried(t testing.TB, pod string) response {
 	id := kubenode.RandName(pod + "-")
 	r := c.get503Once(t, pod, id)
 	if !strings.Contains(r.status, "200") || r.headers["Egret-Attempts"] != "2" {
-		t.Fatalf("from %s: %s, Egret-Attempts %q; want 200 after 2 attempts through egret", pod, r.status, r.headers["Egret-Attempts"])
+		// What egret and the ledger saw of it, for the cause.
+		var said []string
+		if rid := r.headers["Egret-Request-Id"]; rid != "" {
+			for _, line := range strings.Split(c.n.ContainerLog(egretNS, c.agentPod(t).Name, "agent"), "\n") {
+				if strings.Contains(line, rid) {
+					said = append(said, line)
+				}
+			}
+		}
+		t.Fatalf("from %s: %s, Egret-Attempts %q; want 200 after 2 attempts through egret (headers %v; ledger executions %d; agent log %q)",
+			pod, r.status, r.headers["Egret-Attempts"], r.headers, c.led.Executions(id), said)
 	}
 	if n := c.led.Executions(id); n != 2 {
 		t.Fatalf("ledger executed %s %d times, want 2", id, n)
