@@ -22,6 +22,7 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
@@ -311,16 +312,10 @@ func (r *runEnv) cleanup() {
 	if r.top != "" {
 		// Whatever CMD left running in its cgroup goes with it.
 		_ = os.WriteFile(filepath.Join(r.cmdCg, "cgroup.kill"), []byte("1"), 0)
+		// Each waits for its last process's exit (an event: cgroup.events),
+		// children before parents.
 		for _, d := range []string{r.cmdCg, r.selfCg, r.top} {
-			var err error
-			for range 100 {
-				if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
-					err = nil
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			if err != nil {
+			if err := cgroup2.Remove(d, time.Second); err != nil {
 				r.log.Error("remove cgroup", "dir", d, "err", err)
 			}
 		}
