@@ -114,17 +114,10 @@ func RemoveCgroupTree(top string) error {
 				}
 			}
 		}
-		var rerr error
-		for try := 0; try < 200; try++ {
-			rerr = os.Remove(dirs[i])
-			if rerr == nil || errors.Is(rerr, os.ErrNotExist) {
-				rerr = nil
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if rerr != nil {
-			return rerr
+		// The kills are asynchronous: the removal waits for the last
+		// exit (cgroup.events), then removes the directory.
+		if err := cgroup2.Remove(dirs[i], 2*time.Second); err != nil {
+			return err
 		}
 	}
 	return nil
