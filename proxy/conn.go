@@ -430,6 +430,12 @@ func (c *conn) dialPassthrough(proto Protocol, addr string) net.Conn {
 	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.DialTimeout)
 	up, err := c.s.cfg.Dial(ctx, "tcp", addr)
 	cancel()
+	if err != nil && c.s.cut.Load() && c.br.Buffered() == 0 {
+		// Shutdown's cut cancelled the dial of a connection whose client
+		// has said nothing egret read: nothing to answer or pass on, so
+		// it just ends (the kernel still resets it if bytes came since).
+		return nil
+	}
 	if err != nil {
 		// The pod's connect succeeded (to egret) and the destination
 		// cannot be reached: the closest a proxy that already accepted
@@ -532,6 +538,12 @@ func (c *conn) silent() Protocol {
 	}
 	fromClient, fromUp := make(chan heard, 1), make(chan heard, 1)
 	c.c.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
+	if c.s.cut.Load() {
+		// The cut (which sets cut before it sets its deadline) may have
+		// come between the dial and the line above: its deadline in the
+		// past holds.
+		c.c.SetReadDeadline(aLongTimeAgo)
+	}
 	go func() {
 		p, err := sniffBuffered(c.br)
 		fromClient <- heard{proto: p, err: err}
