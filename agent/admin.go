@@ -13,8 +13,8 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
-	"github.com/egret-proxy/egret/proxy/witness"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // DefaultAdminSocket is where `egret agent` serves its admin API.

@@ -44,8 +44,8 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
-	"github.com/egret-proxy/egret/proxy/witness"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // DefaultListenPort is the port of a pod's egret listeners when neither the

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
 // ErrCgroup: a cgroup v2 operation the agent needs failed.
@@ -20,7 +21,7 @@ var ErrCgroup = errors.New("agent: cgroup")
 // must not be attached to the root, which would make them run for every
 // socket of the node. An agent with another pin dir gets another cgroup
 // (SelfCgroupFor).
-var DefaultSelfCgroup = bpfload.CgroupRoot + "/egret-agent"
+var DefaultSelfCgroup = cgroup2.Root() + "/egret-agent"
 
 // SelfCgroupFor is the cgroup an agent whose pinned state lives in pinDir
 // moves itself to when it does not start in a cgroup of its own:
@@ -44,7 +45,7 @@ func SelfCgroupFor(pinDir string) string {
 	if len(name) > 40 {
 		name = name[:40]
 	}
-	return filepath.Join(bpfload.CgroupRoot, fmt.Sprintf("egret-agent-%s-%x", name, sum[:4]))
+	return filepath.Join(cgroup2.Root(), fmt.Sprintf("egret-agent-%s-%x", name, sum[:4]))
 }
 
 // CurrentCgroup returns the cgroup v2 directory of the calling process.
@@ -80,7 +81,7 @@ func EnterSelfCgroup(fallback string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if filepath.Clean(cur) != filepath.Clean(bpfload.CgroupRoot) && !strings.HasSuffix(cur, "/") && alone(cur) {
+	if filepath.Clean(cur) != filepath.Clean(cgroup2.Root()) && !strings.HasSuffix(cur, "/") && alone(cur) {
 		return cur, nil
 	}
 	if err := EnterCgroup(fallback); err != nil {

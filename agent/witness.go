@@ -4,7 +4,7 @@ import (
 	"errors"
 	"syscall"
 
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // fallbackWitness asks the eBPF witness first and TCP_INFO when the eBPF

@@ -32,8 +32,8 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods/kube"
+	egretcli "github.com/egret-proxy/egret/cmd/egret/cli"
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	egretcli "github.com/egret-proxy/egret/internal/cli"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
 
@@ -727,7 +727,7 @@ func TestDaemonSetPodSpec(t *testing.T) {
 	}
 
 	// Probes: readiness on the agent's ReadyPath, liveness on its
-	// HealthPath, both served on --metrics (internal/cli serveMetrics).
+	// HealthPath, both served on --metrics (cmd/egret/cli serveMetrics).
 	var metricsPort int32
 	for _, p := range c.Ports {
 		if p.Name == "metrics" {

@@ -26,10 +26,10 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/internal/proxytest"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/proxy/proxytest"
 	"github.com/egret-proxy/egret/retry"
 )
 
@@ -150,7 +150,7 @@ func TestParseDesc(t *testing.T) {
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // egretFamilies returns the families `egret agent` serves on --metrics,
-// registered the way internal/cli's runAgent registers them (Go and process
+// registered the way cmd/egret/cli's runAgent registers them (Go and process
 // collectors, the policy watcher, the agent with its proxies' and attempt
 // runner's metrics), after a pod came up, a pod failed to start and a
 // refused source reload; and then the same proxy and runner metrics after

@@ -16,8 +16,8 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/rawsock"
 	"github.com/egret-proxy/egret/proxy/policy"
-	"github.com/egret-proxy/egret/proxy/witness"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // Mode is how a Server learns where a request goes.

@@ -1,5 +1,5 @@
 package retry
 
-import "github.com/egret-proxy/egret/proxy/witness"
+import "github.com/egret-proxy/egret/witness"
 
 func tcpInfoForBench() witness.Witness { return witness.TCPInfo{} }

@@ -12,7 +12,7 @@ import (
 	"syscall"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // errAttemptTimeout is the cause of an attempt's context when its

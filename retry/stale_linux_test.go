@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 	"golang.org/x/sys/unix"
 )
 

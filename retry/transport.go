@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // HeaderOutcome marks a relayed response whose status is ambiguous (a

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // ledger counts executions by request id.

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // TestWitnessDiscardsQueuedRequestBytes: the upstream stops reading (zero

@@ -20,7 +20,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/promtest"
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // resetFirstConn resets its first connection as soon as it is accepted

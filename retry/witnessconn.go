@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // errFrozen is returned by writes on a connection frozen for the witness.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // enteredConn closes entered when its first Write starts.

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/bpf"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
 // DefaultExcludedPorts go direct unless PodConfig.NoDefaultExcludes: the
@@ -226,7 +227,7 @@ func SelfCgroup() (string, error) {
 	}
 	for _, line := range splitLines(string(b)) {
 		if len(line) > 3 && line[:3] == "0::" {
-			return filepath.Join(CgroupRoot, line[3:]), nil
+			return filepath.Join(cgroup2.Root(), line[3:]), nil
 		}
 	}
 	return "", errors.New("bpfload: no cgroup v2 entry in /proc/self/cgroup")

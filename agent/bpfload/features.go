@@ -7,6 +7,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
+
+	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
 // Feature is one kernel feature the agent uses, as `egret status` shows it.
@@ -35,9 +37,9 @@ func Features() []Feature {
 		// /sys/kernel/btf needs CONFIG_DEBUG_INFO_BTF (most distributions
 		// since 2020).
 		{Name: "kernel BTF (/sys/kernel/btf/vmlinux)", Use: "tp_btf witness programs", Since: "5.5"},
-		// cgroup v2 at CgroupRoot: each pod's programs are attached to its
+		// cgroup v2 at cgroup2.Root(): each pod's programs are attached to its
 		// cgroup; v1 hierarchies have no BPF attachment.
-		{Name: "cgroup v2 at " + CgroupRoot, Use: "per-pod attachment", Since: "4.5"},
+		{Name: "cgroup v2 at " + cgroup2.Root(), Use: "per-pod attachment", Since: "4.5"},
 		// connect4/connect6 hooks: 4.17. sendmsg/recvmsg hooks came later
 		// (4.18, 5.2) and egret does not use them.
 		{Name: "BPF_PROG_TYPE_CGROUP_SOCK_ADDR", Use: "connect4/connect6 redirection", Since: "4.17"},
@@ -64,7 +66,7 @@ func Features() []Feature {
 	_, err := os.Stat("/sys/kernel/btf/vmlinux")
 	set(0, err)
 	var st unix.Statfs_t
-	err = unix.Statfs(CgroupRoot, &st)
+	err = unix.Statfs(cgroup2.Root(), &st)
 	if err == nil && st.Type != unix.CGROUP2_SUPER_MAGIC {
 		err = errNotCgroup2
 	}
@@ -78,7 +80,7 @@ func Features() []Feature {
 	return fs
 }
 
-// errNotCgroup2 is Features' error for a CgroupRoot that is not cgroup2.
+// errNotCgroup2 is Features' error for a cgroup2.Root() that is not cgroup2.
 var errNotCgroup2 = errors.New("not a cgroup2 file system")
 
 // KernelRelease is the running kernel's release (uname -r).

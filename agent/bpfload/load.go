@@ -59,11 +59,6 @@ const (
 	BPFFSRoot = "/sys/fs/bpf"
 )
 
-// CgroupRoot is where this process sees the cgroup v2 hierarchy:
-// /sys/fs/cgroup on a unified node, /sys/fs/cgroup/unified on a hybrid one
-// (see internal/cgroup2).
-var CgroupRoot = cgroup2.Root()
-
 // Options configure Load.
 type Options struct {
 	// PinDir is the bpffs directory for maps and links; DefaultPinDir if
@@ -107,11 +102,11 @@ func Probe() error {
 		return &FeatureError{Feature: "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)", Need: "tp_btf witness programs", Err: err}
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(CgroupRoot, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+	if err := unix.Statfs(cgroup2.Root(), &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
 		if err == nil {
-			err = fmt.Errorf("%s is not cgroup2", CgroupRoot)
+			err = fmt.Errorf("%s is not cgroup2", cgroup2.Root())
 		}
-		return &FeatureError{Feature: "cgroup v2 at " + CgroupRoot, Need: "per-pod attachment", Err: err}
+		return &FeatureError{Feature: "cgroup v2 at " + cgroup2.Root(), Need: "per-pod attachment", Err: err}
 	}
 	progs := []struct {
 		t    ebpf.ProgramType

@@ -22,7 +22,7 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/bpf"
 	"github.com/egret-proxy/egret/internal/testenv"
-	"github.com/egret-proxy/egret/proxy/witness"
+	"github.com/egret-proxy/egret/witness"
 )
 
 func TestFeatureErrorMatches(t *testing.T) {

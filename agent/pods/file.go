@@ -23,10 +23,6 @@ import (
 	"github.com/egret-proxy/egret/proxy/policy"
 )
 
-// CgroupRoot is where a relative cgroup path in a pods file is taken from.
-// It is where this process sees cgroup v2 (see internal/cgroup2).
-var CgroupRoot = cgroup2.Root()
-
 // NetnsDir is where a bare network namespace name in a pods file is taken
 // from (the directory `ip netns` uses).
 const NetnsDir = "/run/netns"
@@ -130,7 +126,7 @@ func Parse(name string, data []byte) ([]Pod, error) {
 		case filepath.IsAbs(rp.Cgroup):
 			p.Cgroup = filepath.Clean(rp.Cgroup)
 		default:
-			p.Cgroup = filepath.Join(CgroupRoot, rp.Cgroup)
+			p.Cgroup = filepath.Join(cgroup2.Root(), rp.Cgroup)
 		}
 		if p.Cgroup != "" {
 			if err := CheckCgroup(p.Cgroup); err != nil {
@@ -223,14 +219,14 @@ func Parse(name string, data []byte) ([]Pod, error) {
 }
 
 // CheckCgroup refuses a pod cgroup (a clean absolute path) that is not
-// strictly below CgroupRoot: the root itself, or anything at or above it,
+// strictly below cgroup2.Root(): the root itself, or anything at or above it,
 // would put every process of the node (egret's own included) behind
 // egret.
 func CheckCgroup(cg string) error {
-	rel, err := filepath.Rel(CgroupRoot, cg)
+	rel, err := filepath.Rel(cgroup2.Root(), cg)
 	switch {
 	case err != nil || rel == ".." || strings.HasPrefix(rel, "../"):
-		return fmt.Errorf("cgroup %s is not below the cgroup v2 root %s", cg, CgroupRoot)
+		return fmt.Errorf("cgroup %s is not below the cgroup v2 root %s", cg, cgroup2.Root())
 	case rel == ".":
 		return fmt.Errorf("cgroup %s is the cgroup v2 root: every process of the node would be redirected", cg)
 	}

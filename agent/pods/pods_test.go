@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
 const good = `pods:
@@ -47,7 +49,7 @@ func TestParse(t *testing.T) {
 		t.Fatalf("pods = %d", len(ps))
 	}
 	w := ps[0]
-	if w.Cgroup != filepath.Join(CgroupRoot, "kubepods/web") || w.Netns != "/run/netns/web" || w.ListenPort != 15002 {
+	if w.Cgroup != filepath.Join(cgroup2.Root(), "kubepods/web") || w.Netns != "/run/netns/web" || w.ListenPort != 15002 {
 		t.Errorf("web = %+v", w)
 	}
 	if w.Workload != "deployment/web" || w.Namespace() != "shop" || w.ShortName() != "web" {
@@ -96,15 +98,15 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		{"syntax line", "pods:\n  - name: a\n    cgroup: x\n   netns: host\n", "pods.yaml:2: did not find expected '-' indicator"},
 		// One cgroup per pod: removing one of two entries on a cgroup
 		// detached it while the other still showed running.
-		{"cgroup twice", "pods:\n  - name: a\n    cgroup: x/a\n  - name: b\n    cgroup: " + CgroupRoot + "/x/./a\n",
-			"pods.yaml:5: pod b: cgroup " + CgroupRoot + "/x/a is already pod a's (line 3): one cgroup per pod"},
+		{"cgroup twice", "pods:\n  - name: a\n    cgroup: x/a\n  - name: b\n    cgroup: " + cgroup2.Root() + "/x/./a\n",
+			"pods.yaml:5: pod b: cgroup " + cgroup2.Root() + "/x/a is already pod a's (line 3): one cgroup per pod"},
 		// The root, or anything at or above it, would redirect every
 		// process of the node, egret's own included.
 		{"negative limit", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      in_flight: -1\n", "pods.yaml:4: pod a: limits.in_flight -1 is negative"},
 		{"bad spool size", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      spool_bytes: lots\n", "pods.yaml:4: pod a: limits.spool_bytes"},
-		{"cgroup .", "pods:\n  - name: a\n    cgroup: .\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
-		{"cgroup root", "pods:\n  - name: a\n    cgroup: " + CgroupRoot + "/\n", "pods.yaml:3: pod a: cgroup " + CgroupRoot + " is the cgroup v2 root"},
-		{"cgroup above root", "pods:\n  - name: a\n    cgroup: " + filepath.Dir(CgroupRoot) + "\n", "is not below the cgroup v2 root"},
+		{"cgroup .", "pods:\n  - name: a\n    cgroup: .\n", "pods.yaml:3: pod a: cgroup " + cgroup2.Root() + " is the cgroup v2 root"},
+		{"cgroup root", "pods:\n  - name: a\n    cgroup: " + cgroup2.Root() + "/\n", "pods.yaml:3: pod a: cgroup " + cgroup2.Root() + " is the cgroup v2 root"},
+		{"cgroup above root", "pods:\n  - name: a\n    cgroup: " + filepath.Dir(cgroup2.Root()) + "\n", "is not below the cgroup v2 root"},
 		{"cgroup escapes", "pods:\n  - name: a\n    cgroup: ../../etc\n", "is not below the cgroup v2 root"},
 	}
 	for _, tc := range cases {

@@ -4,7 +4,7 @@ package main
 import (
 	"os"
 
-	"github.com/egret-proxy/egret/internal/cli"
+	"github.com/egret-proxy/egret/cmd/egret/cli"
 )
 
 func main() { os.Exit(cli.Main(os.Args)) }

@@ -11,8 +11,8 @@ import (
 )
 
 // versionVar is the variable -ldflags -X stamps egret's version into
-// (internal/cli.Version, printed by `egret --version`).
-const versionVar = "github.com/egret-proxy/egret/internal/cli.Version"
+// (cmd/egret/cli.Version, printed by `egret --version`).
+const versionVar = "github.com/egret-proxy/egret/cmd/egret/cli.Version"
 
 // tagOf returns the tag of an image reference: "0.1.0" of
 // "ghcr.io/egret-proxy/egret:0.1.0". A reference without a tag (a colon in

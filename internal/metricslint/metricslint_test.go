@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"github.com/egret-proxy/egret/internal/proxytest"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/proxy/proxytest"
 	"github.com/egret-proxy/egret/retry"
 )
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 )
 
@@ -45,7 +46,7 @@ func metricValue(t *testing.T, addr, series string) float64 {
 func TestAgentRefusesConfigAccidents(t *testing.T) {
 	testenv.RequireRoot(t)
 	name := Prefix + randHex(4)
-	top := filepath.Join(bpfload.CgroupRoot, name)
+	top := filepath.Join(cgroup2.Root(), name)
 	pin := filepath.Join(bpfload.BPFFSRoot, name)
 	t.Cleanup(func() {
 		removeCgroupTree(t, top)
@@ -135,7 +136,7 @@ func TestAgentRefusesConfigAccidents(t *testing.T) {
 	for _, c := range []struct{ bCgroup, says string }{
 		{a.cgroup, "is already pod a's (line 3): one cgroup per pod"},
 		{".", "is the cgroup v2 root"},
-		{bpfload.CgroupRoot, "is the cgroup v2 root"},
+		{cgroup2.Root(), "is the cgroup v2 root"},
 	} {
 		before := strings.Count(ap.log.String(), "pod source refused")
 		write(podsFile, pods(c.bCgroup))

@@ -16,7 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/ledger"
 )
@@ -133,7 +133,7 @@ func asNobody(cmd *exec.Cmd) *exec.Cmd {
 // is covered by a tmpfs, as on a machine without cgroup v2.
 func hideCgroup2(bin string, args ...string) *exec.Cmd {
 	return exec.Command("unshare", append([]string{"-m", "--propagation", "private", "sh", "-c",
-		`mount -t tmpfs none ` + bpfload.CgroupRoot + ` && exec "$@"`, "sh", bin}, args...)...)
+		`mount -t tmpfs none ` + cgroup2.Root() + ` && exec "$@"`, "sh", bin}, args...)...)
 }
 
 // hideBTF covers /sys/kernel/btf, as on a kernel built without BTF.
@@ -146,7 +146,7 @@ func hideBTF(bin string, args ...string) *exec.Cmd {
 // namespaces named egret-run-*, and its egr* veths.
 func runLeftovers() map[string]bool {
 	got := map[string]bool{}
-	for _, d := range []string{bpfload.CgroupRoot, "/sys/fs/bpf", "/run/netns"} {
+	for _, d := range []string{cgroup2.Root(), "/sys/fs/bpf", "/run/netns"} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), "egret-run-") {
@@ -184,7 +184,7 @@ func nothingLeftByRun(t *testing.T) {
 // have while they run is not left behind.
 func runAlive(leftover string) bool {
 	suffix := leftover[len(leftover)-8:]
-	runs, _ := filepath.Glob(filepath.Join(bpfload.CgroupRoot, "egret-run-*"+suffix))
+	runs, _ := filepath.Glob(filepath.Join(cgroup2.Root(), "egret-run-*"+suffix))
 	for _, r := range runs {
 		if b, err := os.ReadFile(filepath.Join(r, "egret", "cgroup.procs")); err == nil && len(bytes.TrimSpace(b)) > 0 {
 			return true
@@ -197,7 +197,7 @@ func runAlive(leftover string) bool {
 // its processes, cgroups, pins, network namespace and veth. For a test
 // that kills a run, so that a failure leaves nothing behind.
 func removeRun(t *testing.T, name string) {
-	top := filepath.Join(bpfload.CgroupRoot, name)
+	top := filepath.Join(cgroup2.Root(), name)
 	for _, sub := range []string{"cmd", "egret"} {
 		dir := filepath.Join(top, sub)
 		// cgroup.kill ends every process in it at once (Linux 5.14).
@@ -261,7 +261,7 @@ func TestEgretRunCollectsWhatAKilledRunLeft(t *testing.T) {
 	t.Cleanup(func() { removeRun(t, name) })
 	victim.Process.Kill()
 	victim.Wait()
-	top := filepath.Join(bpfload.CgroupRoot, name)
+	top := filepath.Join(cgroup2.Root(), name)
 	procs, _ := os.ReadFile(filepath.Join(top, "cmd", "cgroup.procs"))
 	if len(strings.TrimSpace(string(procs))) == 0 {
 		t.Fatal("the killed run's command is not running")

@@ -27,6 +27,7 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/retry"
@@ -72,7 +73,7 @@ func newNode(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	testenv.RequireRoot(t)
 	n := &node{t: t, name: Prefix + randHex(4)}
-	n.top = filepath.Join(bpfload.CgroupRoot, n.name)
+	n.top = filepath.Join(cgroup2.Root(), n.name)
 	n.self = filepath.Join(n.top, "egret")
 	n.pin = filepath.Join(bpfload.BPFFSRoot, n.name)
 	orig, err := agent.CurrentCgroup()
@@ -363,7 +364,7 @@ func removeCgroupTree(t testing.TB, dir string) {
 func assertNothingLeft(t testing.TB, name string, progs []uint32) {
 	t.Helper()
 	for _, p := range []string{
-		filepath.Join(bpfload.CgroupRoot, name),
+		filepath.Join(cgroup2.Root(), name),
 		filepath.Join(bpfload.BPFFSRoot, name),
 	} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 )
 
@@ -51,7 +52,7 @@ func startKeeper(t *testing.T, sock string) {
 func TestKill9WithKeeperServesQueuedConnect(t *testing.T) {
 	testenv.RequireRoot(t)
 	name := Prefix + randHex(4)
-	top := filepath.Join(bpfload.CgroupRoot, name)
+	top := filepath.Join(cgroup2.Root(), name)
 	pin := filepath.Join(bpfload.BPFFSRoot, name)
 	t.Cleanup(func() {
 		removeCgroupTree(t, top)

@@ -17,6 +17,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods/kube"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/kubeapi"
 )
@@ -57,7 +58,7 @@ func TestKubernetesAgent(t *testing.T) {
 	kubeconfig := c.KubeconfigAs(t, sa, "system:serviceaccounts", "system:authenticated")
 
 	name := Prefix + randHex(4)
-	top := filepath.Join(bpfload.CgroupRoot, name) // the agent's --cgroup-root
+	top := filepath.Join(cgroup2.Root(), name) // the agent's --cgroup-root
 	pin := filepath.Join(bpfload.BPFFSRoot, name)
 	t.Cleanup(func() {
 		removeCgroupTree(t, top)

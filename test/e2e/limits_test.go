@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 )
 
@@ -112,7 +113,7 @@ func (p *pod) loadFor(t *testing.T, u string, d time.Duration) loadResult {
 func TestPodAtItsLimitLeavesOthersAlone(t *testing.T) {
 	testenv.RequireRoot(t)
 	name := Prefix + randHex(4)
-	top := filepath.Join(bpfload.CgroupRoot, name)
+	top := filepath.Join(cgroup2.Root(), name)
 	pin := filepath.Join(bpfload.BPFFSRoot, name)
 	t.Cleanup(func() {
 		removeCgroupTree(t, top)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/ledger"
 )
@@ -140,7 +141,7 @@ func freeLoopbackAddr(t *testing.T) string {
 func agentProcessSetup(t *testing.T) (p *pod, led *ledger.Server, up netip.AddrPort, podsFile string, args func(extra ...string) []string) {
 	testenv.RequireRoot(t)
 	name := Prefix + randHex(4)
-	top := filepath.Join(bpfload.CgroupRoot, name)
+	top := filepath.Join(cgroup2.Root(), name)
 	pin := filepath.Join(bpfload.BPFFSRoot, name)
 	t.Cleanup(func() {
 		removeCgroupTree(t, top)

@@ -18,8 +18,8 @@ import (
 
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
-	"github.com/egret-proxy/egret/proxy/witness"
 	"github.com/egret-proxy/egret/test/ledger"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // upstreams is a ledger served several ways: HTTP/1.1 (IPv4 and IPv6), h2c,

@@ -36,9 +36,6 @@ import (
 	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
-// CgroupRoot is the cgroup v2 mount tests create cgroups under.
-var CgroupRoot = cgroup2.Root()
-
 // Prefix starts the name of every cgroup, netns pin and bpffs directory a
 // test makes, so that NothingLeft can look for leftovers.
 const Prefix = "egret-test-"
@@ -61,7 +58,7 @@ type Cgroups struct {
 // (with everything below) in t.Cleanup.
 func NewCgroups(t testing.TB) *Cgroups {
 	t.Helper()
-	top := filepath.Join(CgroupRoot, RandName())
+	top := filepath.Join(cgroup2.Root(), RandName())
 	if err := os.Mkdir(top, 0o755); err != nil {
 		t.Fatalf("cgroup: %v", err)
 	}

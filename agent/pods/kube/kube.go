@@ -36,8 +36,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/retry"
 )
 
@@ -91,7 +91,7 @@ type Config struct {
 	// NodeName is the node whose pods the source watches (required).
 	NodeName string
 	// CgroupRoot is where cgroup v2 is mounted for the agent
-	// (bpfload.CgroupRoot if empty).
+	// (cgroup2.Root() if empty).
 	CgroupRoot string
 	// KubeletCgroupRoot is the kubelet's --cgroup-root ("" for none, the
 	// default): the pods' cgroups are below it.
@@ -144,7 +144,7 @@ func New(cfg Config) (*Source, error) {
 	}
 	cfg.Driver = d
 	if cfg.CgroupRoot == "" {
-		cfg.CgroupRoot = bpfload.CgroupRoot
+		cfg.CgroupRoot = cgroup2.Root()
 	}
 	if fi, err := os.Stat(cfg.CgroupRoot); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("%w: cgroup root %s: not a directory (%v)", ErrConfig, cfg.CgroupRoot, err)

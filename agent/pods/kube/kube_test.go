@@ -24,11 +24,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
-	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/agent/pods/kube"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/kubeapi"
 )
@@ -57,7 +57,7 @@ type env struct {
 
 func newEnv(t *testing.T, c *kubeapi.Cluster) *env {
 	t.Helper()
-	e := &env{c: c, ns: c.Namespace(t), node: "node-" + randHex(4), root: filepath.Join(bpfload.CgroupRoot, prefix+randHex(4))}
+	e := &env{c: c, ns: c.Namespace(t), node: "node-" + randHex(4), root: filepath.Join(cgroup2.Root(), prefix+randHex(4))}
 	if err := os.Mkdir(e.root, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -326,8 +326,8 @@ func requireMachine(t *testing.T) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	var st unix.Statfs_t
-	err := unix.Statfs(bpfload.CgroupRoot, &st)
-	testenv.Require(t, err == nil && st.Type == unix.CGROUP2_SUPER_MAGIC, "cgroup v2 at "+bpfload.CgroupRoot)
+	err := unix.Statfs(cgroup2.Root(), &st)
+	testenv.Require(t, err == nil && st.Type == unix.CGROUP2_SUPER_MAGIC, "cgroup v2 at "+cgroup2.Root())
 	_, err = exec.LookPath("sleep")
 	testenv.Require(t, err == nil, "sleep")
 }

@@ -13,8 +13,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods/kube"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
 // The agent's Kubernetes mode: its pod source is the node's pods that
@@ -25,7 +25,7 @@ func agentKubeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig `FILE` for --kubernetes instead of the in-cluster config"},
 		&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's `NAME` for --kubernetes (the DaemonSet sets NODE_NAME from spec.nodeName)"},
 		&cli.StringFlag{Name: "cgroup-driver", Value: string(kube.DriverAuto), Usage: "the kubelet's cgroup `DRIVER` for --kubernetes: auto, cgroupfs or systemd"},
-		&cli.StringFlag{Name: "cgroup-root", Value: bpfload.CgroupRoot, Usage: "`DIR` where cgroup v2 is mounted, under which --kubernetes looks for the pods' cgroups"},
+		&cli.StringFlag{Name: "cgroup-root", Value: cgroup2.Root(), Usage: "`DIR` where cgroup v2 is mounted, under which --kubernetes looks for the pods' cgroups"},
 		&cli.StringFlag{Name: "kubelet-cgroup-root", Usage: "the kubelet's --cgroup-root `PATH`, if it has one, for --kubernetes"},
 		&cli.StringFlag{Name: "pod-name", EnvVars: []string{"POD_NAME"}, Usage: "the agent's own pod `NAME` for --kubernetes (the DaemonSet sets POD_NAME): on SIGTERM its DaemonSet tells an uninstall (pinned state removed) from a restart (kept)"},
 		&cli.StringFlag{Name: "pod-namespace", EnvVars: []string{"POD_NAMESPACE"}, Usage: "the agent's own pod's `NAMESPACE` for --kubernetes (the DaemonSet sets POD_NAMESPACE)"},

@@ -21,8 +21,8 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
-	"github.com/egret-proxy/egret/proxy/witness"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/witness"
 )
 
 func proxyCommand() *cli.Command {

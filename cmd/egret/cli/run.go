@@ -246,7 +246,7 @@ func (r *runEnv) setup(mode string) error {
 	if r.origCg, err = agent.CurrentCgroup(); err != nil {
 		return err
 	}
-	r.top = filepath.Join(bpfload.CgroupRoot, r.name)
+	r.top = filepath.Join(cgroup2.Root(), r.name)
 	r.selfCg = filepath.Join(r.top, "egret")
 	r.cmdCg = filepath.Join(r.top, "cmd")
 	if err := os.MkdirAll(r.cmdCg, 0o755); err != nil {
@@ -403,7 +403,7 @@ func claimRun(name string) (lock *os.File, alive bool) {
 // only, when not nil, limits the collection to the runs it accepts.
 func collectStaleRuns(log *slog.Logger, only func(name string) bool) {
 	names := map[string]bool{}
-	for _, d := range []string{bpfload.CgroupRoot, bpfload.BPFFSRoot, netns.Dir, runLockDir} {
+	for _, d := range []string{cgroup2.Root(), bpfload.BPFFSRoot, netns.Dir, runLockDir} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			if name := strings.TrimSuffix(e.Name(), ".lock"); strings.HasPrefix(name, runPrefix) && (only == nil || only(name)) {
@@ -417,7 +417,7 @@ func collectStaleRuns(log *slog.Logger, only func(name string) bool) {
 }
 
 func collectStaleRun(log *slog.Logger, name string) {
-	top := filepath.Join(bpfload.CgroupRoot, name)
+	top := filepath.Join(cgroup2.Root(), name)
 	lock, alive := claimRun(name)
 	if alive {
 		return

@@ -100,7 +100,7 @@ func TestVersion(t *testing.T) {
 // -ldflags -X, and reads the stamp back.
 func TestVersionStampedAtBuild(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "egret")
-	cmd := exec.Command("go", "build", "-o", bin, "-ldflags", "-X github.com/egret-proxy/egret/internal/cli.Version=v9.8.7-test", "../../cmd/egret")
+	cmd := exec.Command("go", "build", "-o", bin, "-ldflags", "-X github.com/egret-proxy/egret/cmd/egret/cli.Version=v9.8.7-test", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

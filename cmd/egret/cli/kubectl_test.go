@@ -57,7 +57,7 @@ func TestKubectlPluginFindsTheAgent(t *testing.T) {
 
 	// The plugin is found by kubectl on PATH, as kubectl-egret.
 	dir := t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "kubectl-egret"), "../../cmd/kubectl-egret").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "kubectl-egret"), "../../kubectl-egret").CombinedOutput(); err != nil {
 		t.Fatalf("go build kubectl-egret: %v\n%s", err, out)
 	}
 	env := append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+c.Kubeconfig)

@@ -187,7 +187,7 @@ func buildEgret(t *testing.T) string {
 			return
 		}
 		built = filepath.Join(dir, "egret")
-		if out, err := exec.Command("go", "build", "-o", built, "../../cmd/egret").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-o", built, "..").CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
 	})

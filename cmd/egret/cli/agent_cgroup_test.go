@@ -14,6 +14,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/internal/cgroup2"
 	"github.com/egret-proxy/egret/internal/testenv"
 )
 
@@ -23,7 +24,7 @@ func TestSelfCgroupForPinDir(t *testing.T) {
 	}
 	a := agent.SelfCgroupFor("/sys/fs/bpf/egret-demo")
 	b := agent.SelfCgroupFor("/sys/fs/bpf/other/egret-demo")
-	if a == b || a == agent.DefaultSelfCgroup || filepath.Dir(a) != bpfload.CgroupRoot ||
+	if a == b || a == agent.DefaultSelfCgroup || filepath.Dir(a) != cgroup2.Root() ||
 		!strings.HasPrefix(filepath.Base(a), "egret-agent-egret-demo-") {
 		t.Errorf("two pin dirs gave %s and %s", a, b)
 	}
@@ -50,7 +51,7 @@ func TestTwoAgentsGetTheirOwnCgroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The "shell": a cgroup with a process in it.
-	shell := filepath.Join(bpfload.CgroupRoot, "egret-test-shell-"+randSuffix())
+	shell := filepath.Join(cgroup2.Root(), "egret-test-shell-"+randSuffix())
 	if err := os.Mkdir(shell, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 
 // Version is egret's version. A release build stamps it:
 //
-//	go build -ldflags "-X github.com/egret-proxy/egret/internal/cli.Version=v0.3.0" ./cmd/egret
+//	go build -ldflags "-X github.com/egret-proxy/egret/cmd/egret/cli.Version=v0.3.0" ./cmd/egret
 //
 // Left empty, egret reports what Go recorded in the binary: the module
 // version for `go install …@version`, else the VCS revision of the build
