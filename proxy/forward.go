@@ -884,6 +884,7 @@ func (c *conn) upgradeHead(req *http.Request, tg target) []byte {
 	h := req.Header
 	upg := h["Upgrade"]
 	removeHopHeaders(h)
+	delete(h, retry.FieldOrderKey) // written here sorted by name
 	h["Connection"] = []string{"Upgrade"}
 	h["Upgrade"] = upg
 	if chunked(req) {

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net"
 	"net/http"
 	"reflect"
 	"slices"
@@ -13,6 +15,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/egret-proxy/egret/retry"
 )
 
 // parseHeadStd is the reference for parseHead: the same checks over
@@ -95,6 +99,8 @@ func compareParse(t *testing.T, raw string) int {
 	if gerr != nil {
 		return status(gerr)
 	}
+	// The field order is the proxy's alone (checked in TestHeaderOrderAndCaseKept).
+	delete(got.Header, retry.FieldOrderKey)
 	// net/http adds Cache-Control: no-cache to a Pragma: no-cache request;
 	// the proxy forwards what it was sent.
 	if _, ok := got.Header["Cache-Control"]; !ok && want.Header.Get("Pragma") == "no-cache" {
@@ -288,4 +294,108 @@ func BenchmarkParseHead(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestHeaderOrderAndCaseKept: 20 identical GETs with header fields in a
+// distinctive order and case reach a raw TCP upstream with the client's
+// fields first, in its order and case, hop-by-hop fields left out, and the
+// proxy's own fields after them, the same way every time.
+func TestHeaderOrderAndCaseKept(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	heads := make(chan string, 64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					var head strings.Builder
+					for {
+						l, err := br.ReadString('\n')
+						if err != nil {
+							return
+						}
+						head.WriteString(l)
+						if l == "\r\n" {
+							break
+						}
+					}
+					heads <- head.String()
+					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p := startProxy(t, Config{})
+	sent := []string{
+		"zeta-last: 1",
+		"X-Custom-ONE: a",
+		"accept: */*",
+		"x-custom-one: b",
+		"User-agent: order-test",
+		"aLpHa: 2",
+		"Cookie: c=1",
+	}
+	hop := []string{"Connection: keep-alive, X-Drop", "X-Drop: gone", "Proxy-Authorization: Basic eA==", "keep-alive: 5"}
+	var raw strings.Builder
+	raw.WriteString("GET http://" + ln.Addr().String() + "/p HTTP/1.1\r\nHost: " + ln.Addr().String() + "\r\n")
+	for i, f := range sent {
+		raw.WriteString(f + "\r\n")
+		if i < len(hop) {
+			raw.WriteString(hop[i] + "\r\n")
+		}
+	}
+	raw.WriteString("\r\n")
+
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	br := bufio.NewReader(c)
+	var first []string
+	for i := range 20 {
+		if _, err := io.WriteString(c, raw.String()); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodGet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %s", i, resp.Status)
+		}
+		head := <-heads
+		lines := strings.Split(strings.TrimSuffix(head, "\r\n\r\n"), "\r\n")[2:] // after the request line and Host
+		if len(lines) < len(sent) || !slices.Equal(lines[:len(sent)], sent) {
+			t.Fatalf("request %d: upstream got fields\n%s\nwant first\n%s", i, strings.Join(lines, "\n"), strings.Join(sent, "\n"))
+		}
+		for j, l := range lines {
+			if k, _, _ := strings.Cut(l, ":"); strings.EqualFold(k, HeaderRequestID) {
+				lines[j] = k + ": (id)"
+			}
+			for _, h := range hop {
+				if k, _, _ := strings.Cut(h, ":"); strings.HasPrefix(strings.ToLower(l), strings.ToLower(k)+":") {
+					t.Errorf("request %d: hop-by-hop field went upstream: %q", i, l)
+				}
+			}
+		}
+		if first == nil {
+			first = lines
+		} else if !slices.Equal(lines, first) {
+			t.Errorf("request %d: fields\n%s\nthe first request's\n%s", i, strings.Join(lines, "\n"), strings.Join(first, "\n"))
+		}
+	}
 }
