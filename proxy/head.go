@@ -133,7 +133,7 @@ func readLine(br *bufio.Reader, buf []byte, max int) ([]byte, error) {
 // field, one Host, one Transfer-Encoding, Content-Length values that agree)
 // and answers with the same statuses, but it reads the head in one pass
 // and makes every string of the request a part of one copy of the head.
-// Obsolete line folding is replaced by a space, as net/http does. Unlike
+// Obsolete line folding is refused (net/http joins the lines). Unlike
 // net/http it does not add Cache-Control: no-cache to a request with
 // Pragma: no-cache: the proxy forwards the header it was sent.
 func parseHead(head []byte) (*http.Request, error) {
@@ -324,15 +324,12 @@ func parseFields(s string) (h http.Header, order []string, badName string, err e
 			return nil, nil, "", fmt.Errorf("%w: header line without a colon %q", ErrBadRequest, clip(line))
 		}
 		kv := trimLWS(line)
-		// Obsolete line folding: a line that starts with white space
-		// continues the field, joined with one space.
+		// Obsolete line folding (a line that starts with white space
+		// continues the field) is refused, as the response side refuses
+		// it (RFC 9112 section 5.2 allows either): a field joined here
+		// could be read otherwise by the upstream.
 		if len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-			b := []byte(kv)
-			for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-				line, s = cutLine(s)
-				b = append(append(b, ' '), trimLWS(line)...)
-			}
-			kv = string(b)
+			return nil, nil, "", fmt.Errorf("%w: obsolete line folding in header field %q", ErrBadRequest, clip(line))
 		}
 		k, v, _ := strings.Cut(kv, ":")
 		key, ok := canonicalKey(k)
