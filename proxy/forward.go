@@ -866,7 +866,7 @@ func (c *conn) logRequest(l requestLog) {
 // upgrade passes a protocol-switching request (e.g. WebSocket) through to
 // the upstream, without retries: its head is written again from the parsed
 // request with the same hygiene as any forwarded request (hop-by-hop and
-// Proxy-* fields removed, folded lines joined as the parser joined them,
+// Proxy-* fields removed (folded lines were refused by the parser),
 // Via added in explicit mode), keeping only the Connection: Upgrade and
 // Upgrade fields the switch needs; then bytes are copied both ways.
 func (c *conn) upgrade(req *http.Request, tg target, id string, start time.Time) {
@@ -884,6 +884,7 @@ func (c *conn) upgradeHead(req *http.Request, tg target) []byte {
 	h := req.Header
 	upg := h["Upgrade"]
 	removeHopHeaders(h)
+	delete(h, retry.FieldOrderKey) // written here sorted by name
 	h["Connection"] = []string{"Upgrade"}
 	h["Upgrade"] = upg
 	if chunked(req) {

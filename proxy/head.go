@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/egret-proxy/egret/internal/h1body"
+	"github.com/egret-proxy/egret/retry"
 )
 
 // Errors of reading a client request; each maps to the status the client is
@@ -132,7 +133,7 @@ func readLine(br *bufio.Reader, buf []byte, max int) ([]byte, error) {
 // field, one Host, one Transfer-Encoding, Content-Length values that agree)
 // and answers with the same statuses, but it reads the head in one pass
 // and makes every string of the request a part of one copy of the head.
-// Obsolete line folding is replaced by a space, as net/http does. Unlike
+// Obsolete line folding is refused (net/http joins the lines). Unlike
 // net/http it does not add Cache-Control: no-cache to a request with
 // Pragma: no-cache: the proxy forwards the header it was sent.
 func parseHead(head []byte) (*http.Request, error) {
@@ -199,7 +200,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 		u.Scheme = ""
 	}
 
-	h, badName, err := parseFields(rest)
+	h, order, badName, err := parseFields(rest)
 	if err != nil {
 		return nil, err
 	}
@@ -295,45 +296,46 @@ func parseRequest(head []byte) (*http.Request, error) {
 		return nil, fmt.Errorf("%w: %q", ErrExpectation, e)
 	}
 	delete(h, "Host") // it is req.Host, as net/http has it
+	h[retry.FieldOrderKey] = order
 	return req, nil
 }
 
 // parseFields parses the header section (what follows the request line, up
-// to and including the empty line) into a header with canonical keys. A
-// name that is a token but for spaces is returned as badName rather than as
-// an error, because net/http refuses it only after the framing checks.
-func parseFields(s string) (h http.Header, badName string, err error) {
+// to and including the empty line) into a header with canonical keys, and
+// the field names as sent, one per field line, in the order sent (what
+// retry.FieldOrderKey carries upstream). A name that is a token but for
+// spaces is returned as badName rather than as an error, because net/http
+// refuses it only after the framing checks.
+func parseFields(s string) (h http.Header, order []string, badName string, err error) {
 	n := strings.Count(s, "\n")
-	vals := make([]string, n) // one array for the values; most names come once
-	h = make(http.Header, n)
+	vals := make([]string, 2*n) // one array for the values (most names come once) and the order
+	vals, order = vals[:n:n], vals[n:n:2*n]
+	h = make(http.Header, n+1)
 	for i := 0; ; i++ {
 		var line string
 		line, s = cutLine(s)
 		if line == "" {
-			return h, badName, nil
+			return h, order, badName, nil
 		}
 		if i == 0 && (line[0] == ' ' || line[0] == '\t') {
-			return nil, "", fmt.Errorf("%w: white space before the first header field %q", ErrBadRequest, clip(line))
+			return nil, nil, "", fmt.Errorf("%w: white space before the first header field %q", ErrBadRequest, clip(line))
 		}
 		if strings.IndexByte(line, ':') < 0 {
-			return nil, "", fmt.Errorf("%w: header line without a colon %q", ErrBadRequest, clip(line))
+			return nil, nil, "", fmt.Errorf("%w: header line without a colon %q", ErrBadRequest, clip(line))
 		}
 		kv := trimLWS(line)
-		// Obsolete line folding: a line that starts with white space
-		// continues the field, joined with one space.
+		// Obsolete line folding (a line that starts with white space
+		// continues the field) is refused, as the response side refuses
+		// it (RFC 9112 section 5.2 allows either): a field joined here
+		// could be read otherwise by the upstream.
 		if len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-			b := []byte(kv)
-			for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-				line, s = cutLine(s)
-				b = append(append(b, ' '), trimLWS(line)...)
-			}
-			kv = string(b)
+			return nil, nil, "", fmt.Errorf("%w: obsolete line folding in header field %q", ErrBadRequest, clip(line))
 		}
 		k, v, _ := strings.Cut(kv, ":")
 		key, ok := canonicalKey(k)
 		if !ok {
 			if k == "" || !tokenOrSpace(k) {
-				return nil, "", fmt.Errorf("%w: header field name %q", ErrBadRequest, clip(k))
+				return nil, nil, "", fmt.Errorf("%w: header field name %q", ErrBadRequest, clip(k))
 			}
 			if badName == "" {
 				badName = k
@@ -342,10 +344,11 @@ func parseFields(s string) (h http.Header, badName string, err error) {
 		}
 		for j := 0; j < len(v); j++ {
 			if c := v[j]; c < ' ' && c != '\t' || c == 0x7f {
-				return nil, "", fmt.Errorf("%w: value of header field %q", ErrBadRequest, clip(key))
+				return nil, nil, "", fmt.Errorf("%w: value of header field %q", ErrBadRequest, clip(key))
 			}
 		}
 		v = strings.TrimLeft(v, " \t")
+		order = append(order, k)
 		if vv := h[key]; vv != nil {
 			h[key] = append(vv, v)
 		} else if len(vals) > 0 {

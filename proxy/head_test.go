@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net"
 	"net/http"
 	"reflect"
 	"slices"
@@ -13,6 +15,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/egret-proxy/egret/retry"
 )
 
 // parseHeadStd is the reference for parseHead: the same checks over
@@ -37,6 +41,14 @@ func parseHeadStd(head []byte) (*http.Request, error) {
 	}
 	if hasCL && hasTE {
 		return nil, ErrLengthAndChunked
+	}
+	// The proxy refuses obsolete line folding, which net/http joins.
+	if line, fields, _ := bytes.Cut(head, []byte("\n")); obsFold(fields) {
+		if f := bytes.Fields(line); len(f) == 3 {
+			if _, _, ok := http.ParseHTTPVersion(string(f[2])); ok {
+				return nil, fmt.Errorf("%w: obsolete line folding", ErrBadRequest)
+			}
+		}
 	}
 	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
 	if err != nil {
@@ -95,6 +107,8 @@ func compareParse(t *testing.T, raw string) int {
 	if gerr != nil {
 		return status(gerr)
 	}
+	// The field order is the proxy's alone (checked in TestHeaderOrderAndCaseKept).
+	delete(got.Header, retry.FieldOrderKey)
 	// net/http adds Cache-Control: no-cache to a Pragma: no-cache request;
 	// the proxy forwards what it was sent.
 	if _, ok := got.Header["Cache-Control"]; !ok && want.Header.Get("Pragma") == "no-cache" {
@@ -140,9 +154,9 @@ var headCases = []struct {
 	{"repeated names", "GET / HTTP/1.1\r\nAccept: a\r\naccept: b\r\nX: 1\r\nX: 2\r\nX: 3\r\n\r\n", 200},
 	{"value white space", "GET / HTTP/1.1\r\nX-A:   a b  \t\r\nX-B:\tb\r\nX-C:\r\nX-D: \r\n\r\n", 200},
 	{"obs-text value", "GET / HTTP/1.1\r\nX-A: caf\xc3\xa9\r\n\r\n", 200},
-	{"obs-fold", "GET / HTTP/1.1\r\nX-A: a\r\n  b\r\n\tc \r\nX-B: d\r\n\r\n", 200},
-	{"obs-fold blank continuation", "GET / HTTP/1.1\r\nX-A: a\r\n \r\nX-B: d\r\n\r\n", 200},
-	{"obs-fold of the last field", "GET / HTTP/1.1\r\nHost: h\r\nX-A: a\r\n b\r\n\r\n", 200},
+	{"obs-fold", "GET / HTTP/1.1\r\nX-A: a\r\n  b\r\n\tc \r\nX-B: d\r\n\r\n", 400},           // refused, where net/http joins
+	{"obs-fold blank continuation", "GET / HTTP/1.1\r\nX-A: a\r\n \r\nX-B: d\r\n\r\n", 400},  // refused, where net/http joins
+	{"obs-fold of the last field", "GET / HTTP/1.1\r\nHost: h\r\nX-A: a\r\n b\r\n\r\n", 400}, // refused, where net/http joins
 	{"white space before the first field", "GET / HTTP/1.1\r\n X-A: a\r\n\r\n", 400},
 	{"no colon", "GET / HTTP/1.1\r\nX-A a\r\n\r\n", 400},
 	{"empty name", "GET / HTTP/1.1\r\n: a\r\n\r\n", 400},
@@ -204,6 +218,22 @@ var headCases = []struct {
 	{"IPv6 host", "GET http://[::1]:8080/ HTTP/1.1\r\n\r\n", 200},
 }
 
+// obsFold reports whether a field line of fields (after the first)
+// starts with white space.
+func obsFold(fields []byte) bool {
+	for i := 0; len(fields) > 0; i++ {
+		var l []byte
+		l, fields, _ = bytes.Cut(fields, []byte("\n"))
+		if len(bytes.TrimRight(l, "\r")) == 0 {
+			return false
+		}
+		if i > 0 && (l[0] == ' ' || l[0] == '\t') {
+			return true
+		}
+	}
+	return false
+}
+
 func TestParseHeadMatchesNetHTTP(t *testing.T) {
 	for _, c := range headCases {
 		if got := compareParse(t, c.raw); got != c.status {
@@ -213,7 +243,10 @@ func TestParseHeadMatchesNetHTTP(t *testing.T) {
 }
 
 func TestParseHeadDetails(t *testing.T) {
-	req, err := parseHead([]byte("GET http://h/ HTTP/1.1\r\nx-a: a\r\n  b\r\nPragma: no-cache\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n"))
+	if _, err := parseHead([]byte("GET http://h/ HTTP/1.1\r\nx-a: a\r\n  b\r\n\r\n")); !errors.Is(err, ErrBadRequest) || statusOf(err) != http.StatusBadRequest {
+		t.Errorf("folded field: %v, want %v (400)", err, ErrBadRequest)
+	}
+	req, err := parseHead([]byte("GET http://h/ HTTP/1.1\r\nx-a: a b\r\nPragma: no-cache\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,4 +321,145 @@ func BenchmarkParseHead(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestHeaderOrderAndCaseKept: 20 identical GETs with header fields in a
+// distinctive order and case reach a raw TCP upstream with the client's
+// fields first, in its order and case, hop-by-hop fields left out, and the
+// proxy's own fields after them, the same way every time.
+func TestHeaderOrderAndCaseKept(t *testing.T) {
+	addr, heads := rawUpstream(t, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+	p := startProxy(t, Config{})
+	sent := []string{
+		"zeta-last: 1",
+		"X-Custom-ONE: a",
+		"accept: */*",
+		"x-custom-one: b",
+		"User-agent: order-test",
+		"aLpHa: 2",
+		"Cookie: c=1",
+	}
+	hop := []string{"Connection: keep-alive, X-Drop", "X-Drop: gone", "Proxy-Authorization: Basic eA==", "keep-alive: 5"}
+	var raw strings.Builder
+	raw.WriteString("GET http://" + addr + "/p HTTP/1.1\r\nHost: " + addr + "\r\n")
+	for i, f := range sent {
+		raw.WriteString(f + "\r\n")
+		if i < len(hop) {
+			raw.WriteString(hop[i] + "\r\n")
+		}
+	}
+	raw.WriteString("\r\n")
+
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	br := bufio.NewReader(c)
+	var first []string
+	for i := range 20 {
+		if _, err := io.WriteString(c, raw.String()); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodGet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %s", i, resp.Status)
+		}
+		head := <-heads
+		lines := strings.Split(strings.TrimSuffix(head, "\r\n\r\n"), "\r\n")[2:] // after the request line and Host
+		if len(lines) < len(sent) || !slices.Equal(lines[:len(sent)], sent) {
+			t.Fatalf("request %d: upstream got fields\n%s\nwant first\n%s", i, strings.Join(lines, "\n"), strings.Join(sent, "\n"))
+		}
+		for j, l := range lines {
+			if k, _, _ := strings.Cut(l, ":"); strings.EqualFold(k, HeaderRequestID) {
+				lines[j] = k + ": (id)"
+			}
+			for _, h := range hop {
+				if k, _, _ := strings.Cut(h, ":"); strings.HasPrefix(strings.ToLower(l), strings.ToLower(k)+":") {
+					t.Errorf("request %d: hop-by-hop field went upstream: %q", i, l)
+				}
+			}
+		}
+		if first == nil {
+			first = lines
+		} else if !slices.Equal(lines, first) {
+			t.Errorf("request %d: fields\n%s\nthe first request's\n%s", i, strings.Join(lines, "\n"), strings.Join(first, "\n"))
+		}
+	}
+}
+
+// rawUpstream is an upstream on a raw TCP listener: it sends each request
+// head it reads, as it came, on heads and answers it with reply.
+func rawUpstream(t *testing.T, reply string) (addr string, heads chan string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	heads = make(chan string, 64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					var head strings.Builder
+					for {
+						l, err := br.ReadString('\n')
+						if err != nil {
+							return
+						}
+						head.WriteString(l)
+						if l == "\r\n" {
+							break
+						}
+					}
+					heads <- head.String()
+					if _, err := io.WriteString(c, reply); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), heads
+}
+
+// TestObsFoldRefusedBothWays: a folded field line is refused in a request
+// (400, nothing sent upstream) and in a response (a bad upstream response:
+// 502, never relayed).
+func TestObsFoldRefusedBothWays(t *testing.T) {
+	addr, heads := rawUpstream(t, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+	p := startProxy(t, Config{})
+	resp := rawRequest(t, p.addr, "GET http://"+addr+"/folded HTTP/1.1\r\nHost: "+addr+"\r\nX-A: a\r\n b\r\n\r\n")
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("folded request: %s, want 400", resp.Status)
+	}
+	resp = rawRequest(t, p.addr, "GET http://"+addr+"/plain HTTP/1.1\r\nHost: "+addr+"\r\nX-A: a b\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("plain request: %s, want 200", resp.Status)
+	}
+	if head := <-heads; !strings.HasPrefix(head, "GET /plain ") {
+		t.Errorf("the upstream's first request was %q, want the plain one", firstLine(head))
+	}
+
+	foldAddr, foldHeads := rawUpstream(t, "HTTP/1.1 200 OK\r\nX-Fold: a\r\n\tb\r\nContent-Length: 0\r\n\r\n")
+	resp = rawRequest(t, p.addr, "GET http://"+foldAddr+"/ HTTP/1.1\r\nHost: "+foldAddr+"\r\n\r\n")
+	<-foldHeads
+	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("X-Fold") != "" {
+		t.Errorf("folded response: %s X-Fold %q, want 502 and no X-Fold", resp.Status, resp.Header.Get("X-Fold"))
+	}
+	if got := resp.Header.Get(HeaderOutcome); got != "failed" {
+		t.Errorf("folded response: %s %q, want failed", HeaderOutcome, got)
+	}
 }

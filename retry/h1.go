@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/textproto"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -559,6 +561,14 @@ func validHeader(req *http.Request) error {
 		return fmt.Errorf("%w: method %q", ErrRequestInvalid, req.Method)
 	}
 	for k, vv := range req.Header {
+		if k == FieldOrderKey {
+			for _, name := range vv {
+				if !httpguts.ValidHeaderFieldName(name) {
+					return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, name)
+				}
+			}
+			continue
+		}
 		if !httpguts.ValidHeaderFieldName(k) {
 			return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, k)
 		}
@@ -592,9 +602,18 @@ func validMethod(m string) bool {
 	return true
 }
 
+// FieldOrderKey is the key, in a request's Header, of the field names as
+// the client sent them, one per field line, in the order sent. The HTTP/1
+// writer writes the fields in that order and with those names; fields the
+// order does not name (added by the proxy, or values added to a field) follow
+// in a fixed order: by canonical name, values in order. The key is never
+// sent: it is no valid field name (like HTTP/2's pseudo-header fields), and
+// validHeader and the HTTP/2 path leave it out.
+const FieldOrderKey = ":field-order"
+
 // skipHeader: fields written from the request's own fields, never from
 // its header map.
-var skipHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
+var skipHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true, FieldOrderKey: true}
 
 // writeHead writes the request line and header fields to the connection's
 // buffer.
@@ -614,17 +633,7 @@ func (c *h1Conn) writeHead(req *http.Request, cl int64, chunked bool) {
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(requestHost(req))
 	bw.WriteString("\r\n")
-	for k, vv := range req.Header {
-		if skipHeader[k] {
-			continue
-		}
-		for _, v := range vv {
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(v)
-			bw.WriteString("\r\n")
-		}
-	}
+	writeFields(bw, req.Header)
 	switch {
 	case chunked:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -878,3 +887,60 @@ var (
 	_ io.ReadCloser      = (*h1Body)(nil)
 	_ io.ReadWriteCloser = (*h1Upgraded)(nil)
 )
+
+// writeFields writes the fields of h but those of skipHeader: first as
+// h[FieldOrderKey] names them (in that order, with those names), then the
+// rest by canonical name. The n-th line naming a field (in any case) carries
+// its n-th value; a field no longer in h is left out.
+func writeFields(bw *bufio.Writer, h http.Header) {
+	order := h[FieldOrderKey]
+	for i, name := range order {
+		key := textproto.CanonicalMIMEHeaderKey(name)
+		if skipHeader[key] {
+			continue
+		}
+		vv := h[key]
+		n := 0 // lines naming key before this one
+		for _, prev := range order[:i] {
+			if strings.EqualFold(prev, name) {
+				n++
+			}
+		}
+		if n >= len(vv) {
+			continue
+		}
+		writeField(bw, name, vv[n])
+	}
+	// What the order does not cover, by canonical name.
+	var buf [16]string
+	rest := buf[:0]
+	for k, vv := range h {
+		if !skipHeader[k] && len(vv) > sentCount(order, k) {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		for _, v := range h[k][sentCount(order, k):] {
+			writeField(bw, k, v)
+		}
+	}
+}
+
+// sentCount is how many lines of order name the field key (canonical).
+func sentCount(order []string, key string) int {
+	n := 0
+	for _, name := range order {
+		if strings.EqualFold(name, key) {
+			n++
+		}
+	}
+	return n
+}
+
+func writeField(bw *bufio.Writer, name, value string) {
+	bw.WriteString(name)
+	bw.WriteString(": ")
+	bw.WriteString(value)
+	bw.WriteString("\r\n")
+}

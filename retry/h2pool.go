@@ -74,6 +74,14 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.R
 	if traced || isEmptyBodyMarked(req) {
 		h2req = req.WithContext(ctx)
 	}
+	if _, ok := req.Header[FieldOrderKey]; ok {
+		// HTTP/2 sends names in lower case, in its own order.
+		if h2req == req {
+			h2req = req.WithContext(ctx)
+		}
+		h2req.Header = req.Header.Clone()
+		delete(h2req.Header, FieldOrderKey)
+	}
 	if isEmptyBodyMarked(req) {
 		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
 		h2req.Body, h2req.TransferEncoding = nil, nil
