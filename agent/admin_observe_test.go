@@ -25,16 +25,7 @@ func TestObserveStreamTellsLostEvents(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer up.Close()
 	budgets := engine.NewBudgets()
-	srv, err := proxy.New(proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Tap: proxy.NewTap(16)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Shutdown(t.Context())
+	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Tap: proxy.NewTap(16)})
 	// The socket listens before anything asks it: no waiting for it.
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	aln, err := net.Listen("unix", sock)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -26,27 +27,8 @@ import (
 func TestStandaloneAdminAndExplainJSON(t *testing.T) {
 	up := flakyUpstream(t)
 	budgets := engine.NewBudgets()
-	srv, err := proxy.New(proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Witness: witness.TCPInfo{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Shutdown(t.Context())
-	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()})}}
-	ids := map[string]string{}
-	for _, r := range []struct{ method, path string }{{"GET", "/flaky"}, {"POST", "/reset"}} {
-		req, _ := http.NewRequest(r.method, up.URL+r.path, strings.NewReader("x"))
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		ids[r.path] = resp.Header.Get(proxy.HeaderRequestID)
-	}
+	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Witness: witness.TCPInfo{}})
+	ids := flakyAndReset(t, ln, up)
 	h := AdminHandler(&Standalone{Server: srv, Budgets: budgets, Status: ProxyStatus{Mode: "explicit", Listen: ln.Addr().String(), Started: time.Now()}})
 	get := func(path string, v any) int {
 		t.Helper()
@@ -147,4 +129,40 @@ func flakyUpstream(t *testing.T) *httptest.Server {
 	}))
 	t.Cleanup(up.Close)
 	return up
+}
+
+// serveProxy serves a proxy made with cfg on a loopback listener until the
+// test ends.
+func serveProxy(t *testing.T, cfg proxy.Config) (*proxy.Server, net.Listener) {
+	t.Helper()
+	srv, err := proxy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return srv, ln
+}
+
+// flakyAndReset sends a GET /flaky (retried: 503 once) and a POST /reset
+// (ambiguous) to up through the explicit proxy at ln, and returns each
+// answer's request id by path.
+func flakyAndReset(t *testing.T, ln net.Listener, up *httptest.Server) map[string]string {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()})}}
+	ids := map[string]string{}
+	for _, r := range []struct{ method, path string }{{"GET", "/flaky"}, {"POST", "/reset"}} {
+		req, _ := http.NewRequest(r.method, up.URL+r.path, strings.NewReader("x"))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		ids[r.path] = resp.Header.Get(proxy.HeaderRequestID)
+	}
+	return ids
 }

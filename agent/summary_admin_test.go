@@ -2,10 +2,7 @@ package agent
 
 import (
 	"encoding/json"
-	"net"
-	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -26,27 +23,8 @@ func TestStandaloneSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	budgets := engine.NewBudgets()
-	srv, err := proxy.New(proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Witness: witness.TCPInfo{}, Metrics: pm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Shutdown(t.Context())
-	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()})}}
-	ids := map[string]string{}
-	for _, r := range []struct{ method, path string }{{"GET", "/flaky"}, {"POST", "/reset"}} {
-		req, _ := http.NewRequest(r.method, up.URL+r.path, strings.NewReader("x"))
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		ids[r.path] = resp.Header.Get(proxy.HeaderRequestID)
-	}
+	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Witness: witness.TCPInfo{}, Metrics: pm})
+	ids := flakyAndReset(t, ln, up)
 	h := AdminHandler(&Standalone{Server: srv, Budgets: budgets, Status: ProxyStatus{Mode: "explicit", Started: time.Now()}})
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/summary", nil))
