@@ -209,9 +209,11 @@ func TestPodAtItsLimitLeavesOthersAlone(t *testing.T) {
 	waitUntil(t, "egret out of descriptors (log: out of file descriptors for pods)", func() bool {
 		return strings.Contains(ap.log.String(), "out of file descriptors for pods")
 	})
-	res = b.loadFor(t, url(upB, "/b"), 2*time.Second)
+	// 4 s and at least 20 requests: a loaded CI machine made 33 in 2 s
+	// here (each on a new connection, past a flooded agent).
+	res = b.loadFor(t, url(upB, "/b"), 4*time.Second)
 	t.Logf("pod b while egret is out of descriptors: %s", res)
-	if res.n < 50 || res.ok != res.n || res.viaEgret == res.n {
+	if res.n < 20 || res.ok != res.n || res.viaEgret == res.n {
 		t.Errorf("pod b: %s; want every request answered, direct while egret has no room; failures %v", res, res.fails)
 	}
 	flood.release()
