@@ -572,12 +572,15 @@ func (s *Server) removeConn(c *conn) {
 // refuseConn resets a connection its tenant has no room for. The refusals
 // are counted, and logged at 1, 2, 4, 8... of a kind: a pod that hammers
 // its limit does not flood the log.
+//
+// The refusal is counted before the reset goes out: a client (or a test)
+// that reads the count after its reset must find it there.
 func (s *Server) refuseConn(nc net.Conn, kind int) {
+	s.limitRefused(kind)
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetLinger(0)
 	}
 	nc.Close()
-	s.limitRefused(kind)
 }
 
 func (s *Server) limitRefused(kind int) {
