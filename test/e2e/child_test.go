@@ -50,8 +50,11 @@ type request struct {
 	URL     string            `json:"url"`
 	Headers map[string]string `json:"headers"`
 	Body    string            `json:"body"`
-	// Load mode: new connection per request, for Duration.
+	// Load mode: new connection per request, for Duration and at least
+	// Min requests (a loaded machine makes fewer in the time: the window
+	// is stretched, not the floor lowered).
 	Duration time.Duration `json:"duration"`
+	Min      int           `json:"min,omitempty"`
 	// Silent and stall modes: Count connections (uploads of Size bytes
 	// whose head and first KiB only are sent), held until stdin closes.
 	// With Admin (the agent's admin socket) and Pod, the report waits
@@ -273,7 +276,7 @@ func child(mode string) int {
 		}
 		done := func() bool {
 			if !untilStdin {
-				return time.Since(start) >= req.Duration
+				return time.Since(start) >= req.Duration && len(samples) >= req.Min
 			}
 			select {
 			case <-stop:
