@@ -156,8 +156,11 @@ func TestTunnelIdleTimeout(t *testing.T) {
 					io.Copy(io.Discard, c) // silent: waits for the end
 					return
 				}
-				// A one-way stream: a byte every 40 ms for 600 ms.
-				tick := time.NewTicker(40 * time.Millisecond)
+				// A one-way stream: a byte every 100 ms for 1.5 s, past
+				// the idle timeout of 1 s. (A byte every 40 ms under a
+				// timeout of 200 ms failed under -count=3 and CPU load:
+				// the first byte came more than 200 ms after the 's'.)
+				tick := time.NewTicker(100 * time.Millisecond)
 				defer tick.Stop()
 				for range 15 {
 					<-tick.C
@@ -169,7 +172,7 @@ func TestTunnelIdleTimeout(t *testing.T) {
 			}()
 		}
 	}()
-	const idle = 200 * time.Millisecond
+	const idle = time.Second
 	p := startProxy(t, Config{TunnelIdleTimeout: idle, ConnectPorts: []int{int(ln.addrPort().Port())}})
 	open := func() (net.Conn, *bufio.Reader) {
 		c, err := net.Dial("tcp", p.addr)
@@ -201,7 +204,7 @@ func TestTunnelIdleTimeout(t *testing.T) {
 	c.Write([]byte("s"))
 	got, err := io.ReadAll(br)
 	if len(got) != 15 {
-		t.Fatalf("a one-way stream of 600 ms under an idle timeout of %v: got %d of 15 bytes (%v)", idle, len(got), err)
+		t.Fatalf("a one-way stream of 1.5 s under an idle timeout of %v: got %d of 15 bytes (%v)", idle, len(got), err)
 	}
 	<-stream
 }
