@@ -63,6 +63,10 @@ type h1Pool struct {
 	open     map[poolKey]int       // connections per key, counted with MaxConnsPerHost
 	waiters  map[poolKey][]chan struct{}
 	sweeping bool
+	// closing is held by a sweep and by closeIdle from taking connections
+	// out of idle until they are closed: once closeIdle returns, no sweep
+	// still closes a connection (whose witness its owner may then close).
+	closing sync.Mutex
 }
 
 // poolKey names the connections that can carry a request: scheme and
@@ -257,6 +261,8 @@ func (p *h1Pool) put(c *h1Conn) {
 // runs again while any are idle.
 func (p *h1Pool) sweep() {
 	var old []*h1Conn
+	p.closing.Lock()
+	defer p.closing.Unlock()
 	p.mu.Lock()
 	left := false
 	for key, l := range p.idle {
@@ -287,6 +293,8 @@ func (p *h1Pool) sweep() {
 }
 
 func (p *h1Pool) closeIdle() {
+	p.closing.Lock()
+	defer p.closing.Unlock()
 	p.mu.Lock()
 	var all []*h1Conn
 	for key, l := range p.idle {
