@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -55,6 +56,8 @@ type request struct {
 	// is stretched, not the floor lowered).
 	Duration time.Duration `json:"duration"`
 	Min      int           `json:"min,omitempty"`
+	// Timeout is each load request's (5 s when 0).
+	Timeout time.Duration `json:"timeout,omitempty"`
 	// Silent and stall modes: Count connections (uploads of Size bytes
 	// whose head and first KiB only are sent), held until stdin closes.
 	// With Admin (the agent's admin socket) and Pod, the report waits
@@ -296,7 +299,7 @@ func child(mode string) int {
 					return c, err
 				},
 			}
-			c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+			c := &http.Client{Transport: tr, Timeout: cmp.Or(req.Timeout, 5*time.Second)}
 			t0 := time.Now()
 			r := do(c, req)
 			sample := loadSample{
