@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/internal/cgroup2"
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 // Prefix starts the name of every cgroup, netns pin and bpffs directory a
@@ -440,17 +441,12 @@ func NothingLeft(pinDir string, cgroups, attachedTo []string, progIDs []uint32) 
 			left = append(left, fmt.Sprintf("program %d attached to %s", id, c))
 		}
 	}
+	// Programs are freed after an RCU grace period, announced to no one:
+	// polls, for at most 5 s in all.
 	deadline := time.Now().Add(5 * time.Second)
 	for _, id := range progIDs {
-		for {
-			if !ProgExists(id) {
-				break
-			}
-			if time.Now().After(deadline) {
-				left = append(left, fmt.Sprintf("bpf program id %d", id))
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+		if !testenv.Poll(time.Until(deadline), func() bool { return !ProgExists(id) }) {
+			left = append(left, fmt.Sprintf("bpf program id %d", id))
 		}
 	}
 	if len(left) > 0 {
