@@ -230,6 +230,8 @@ func TestRemoveLeavesNothing(t *testing.T) {
 	cg := bpftest.NewCgroups(t)
 	podCg, selfCg := cg.Sub(t, "pod"), cg.Sub(t, "egret")
 	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	// Whatever fails below, the pins go (Remove is what is tested).
+	t.Cleanup(func() { os.RemoveAll(pin) })
 	l, err := bpfload.Load(bpfload.Options{PinDir: pin})
 	if err != nil {
 		t.Fatal(err)
@@ -303,6 +305,7 @@ func loadMountsBPFFSChild(t *testing.T) {
 		t.Fatal("bpffs still mounted")
 	}
 	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	t.Cleanup(func() { os.RemoveAll(pin) }) // in this private namespace's bpffs; whatever fails
 	l, err := bpfload.Load(bpfload.Options{PinDir: pin})
 	if err != nil {
 		t.Fatal(err)
@@ -327,6 +330,8 @@ func TestAttachSelfRemovesEarlierAgentsLinks(t *testing.T) {
 	cg := bpftest.NewCgroups(t)
 	oldSelf, newSelf := cg.Sub(t, "egret-old"), cg.Sub(t, "egret-new")
 	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	// Whatever fails below, the pins go (a dead agent's stay by design).
+	t.Cleanup(func() { os.RemoveAll(pin) })
 	l1, err := bpfload.Load(bpfload.Options{PinDir: pin})
 	if err != nil {
 		t.Fatal(err)
