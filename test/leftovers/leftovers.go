@@ -1,7 +1,8 @@
 // Package leftovers snapshots the kernel state a test can make on the host
-// (named network namespaces, network interfaces, cgroup v2 directories,
-// bpffs pins, mounts, nft tables, iptables rules) and diffs two snapshots,
-// so that CI can show that a test run left nothing behind.
+// (named network namespaces, network interfaces, cgroup directories: v2,
+// and v1 on a hybrid host; bpffs pins, mounts, nft tables, iptables rules)
+// and diffs two snapshots, so that CI can show that a test run left
+// nothing behind.
 //
 // A snapshot is a set of lines, one per object, each starting with its
 // kind ("link eth0", "cgroup /sys/fs/cgroup/unified/egret-run-1f2e/cmd").
@@ -50,10 +51,14 @@ func Take() Snapshot {
 	add("netns", netns, err)
 	links, err := links()
 	add("link", links, err)
-	cgs, err := cgroups(cgroup2.Root())
-	add("cgroup", cgs, err)
-	mounts, bpffs, err := mounts()
+	mounts, bpffs, cgroupfs, err := mounts()
 	add("mount", mounts, err)
+	// The cgroup v2 tree, and the v1 hierarchies beside it on a hybrid
+	// host (the kubelet makes kubepods in each).
+	for _, root := range append([]string{cgroup2.Root()}, cgroupfs...) {
+		cgs, err := cgroups(root)
+		add("cgroup", cgs, err)
+	}
 	for _, root := range bpffs {
 		pins, err := walk(root, false)
 		add("pin", pins, err)
@@ -156,11 +161,12 @@ func walk(root string, dirs bool) ([]string, error) {
 }
 
 // mounts lists this process's mounts as "POINT TYPE SOURCE ROOT" (no ids,
-// which change when a mount is made again) and the bpffs mount points.
-func mounts() (lines, bpffs []string, err error) {
+// which change when a mount is made again), the bpffs mount points and
+// the cgroup v1 ones.
+func mounts() (lines, bpffs, cgroupfs []string, err error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
@@ -172,12 +178,16 @@ func mounts() (lines, bpffs []string, err error) {
 		}
 		point, typ := unescape(f[4]), g[0]
 		lines = append(lines, fmt.Sprintf("%s %s %s %s", point, typ, g[1], f[3]))
-		if typ == "bpf" {
+		switch typ {
+		case "bpf":
 			bpffs = append(bpffs, point)
+		case "cgroup":
+			cgroupfs = append(cgroupfs, point)
 		}
 	}
 	slices.Sort(bpffs)
-	return lines, slices.Compact(bpffs), sc.Err()
+	slices.Sort(cgroupfs)
+	return lines, slices.Compact(bpffs), slices.Compact(cgroupfs), sc.Err()
 }
 
 // unescape undoes mountinfo's octal escapes (\040 for a space).
