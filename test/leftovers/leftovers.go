@@ -263,11 +263,15 @@ func iptablesRules(lines []string) []string {
 // go of some objects a moment after their owner (a netns's interfaces
 // after its last reference, a cgroup once its last process is reaped),
 // and tells no one: a poll with a deadline is all there is.
-func Wait(before Snapshot, d time.Duration) ([]string, Snapshot) {
+//
+// Objects that match one of ignore are left out.
+func Wait(before Snapshot, d time.Duration, ignore ...*regexp.Regexp) ([]string, Snapshot) {
 	deadline := time.Now().Add(d)
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		after := Take()
-		left := New(before, after)
+		left := slices.DeleteFunc(New(before, after), func(it string) bool {
+			return slices.ContainsFunc(ignore, func(re *regexp.Regexp) bool { return re.MatchString(it) })
+		})
 		if len(left) == 0 || time.Now().After(deadline) {
 			return left, after
 		}
