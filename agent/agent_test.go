@@ -15,6 +15,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy"
 )
 
@@ -69,18 +70,11 @@ func start(t *testing.T, fake *Fake, ps ...pods.Pod) *harness {
 	return h
 }
 
-// eventually polls cond (the agent's state: its pods, the fake attacher's
-// calls, which announce nothing) every 5 ms until a 10 s deadline.
+// eventually waits up to 10 s for cond (the agent's state: its pods, the
+// fake attacher's calls, which announce nothing).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	if !cond() {
-		t.Fatalf("never: %s", what)
-	}
+	testenv.Eventually(t, 10*time.Second, what, cond)
 }
 
 func (h *harness) state(name string) string {

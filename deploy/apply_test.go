@@ -23,6 +23,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/agent/pods/kube"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/kubeapi"
 )
 
@@ -311,22 +312,19 @@ func checkSourceRuns(ctx context.Context, t *testing.T, admin kubernetes.Interfa
 		}
 		return l.Items
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		lev, wev := eventsOn(listed), eventsOn(watched)
-		if len(lev) == 1 && len(wev) == 1 {
-			for _, e := range append(lev, wev...) {
-				if e.Type != corev1.EventTypeWarning || e.Reason != kube.ReasonBadAnnotation || e.Source.Component != kube.Component {
-					t.Errorf("event %s %s from %s: %s", e.Type, e.Reason, e.Source.Component, e.Message)
-				}
-			}
-			break
+	// Polls the API server for the agent's Events.
+	var lev, wev []corev1.Event
+	if !testenv.Poll(30*time.Second, func() bool {
+		lev, wev = eventsOn(listed), eventsOn(watched)
+		return len(lev) == 1 && len(wev) == 1
+	}) {
+		mu.Lock()
+		t.Fatalf("Warning Events: listed pod %d, watched pod %d, want 1 each (can the agent watch pods and create events?); reported %v", len(lev), len(wev), reported)
+	}
+	for _, e := range append(lev, wev...) {
+		if e.Type != corev1.EventTypeWarning || e.Reason != kube.ReasonBadAnnotation || e.Source.Component != kube.Component {
+			t.Errorf("event %s %s from %s: %s", e.Type, e.Reason, e.Source.Component, e.Message)
 		}
-		if time.Now().After(deadline) {
-			mu.Lock()
-			t.Fatalf("Warning Events: listed pod %d, watched pod %d, want 1 each (can the agent watch pods and create events?); reported %v", len(lev), len(wev), reported)
-		}
-		time.Sleep(100 * time.Millisecond) // polls the API server for the agent's Events
 	}
 	mu.Lock()
 	n := len(reported)
@@ -344,16 +342,10 @@ func checkSourceRuns(ctx context.Context, t *testing.T, admin kubernetes.Interfa
 	// recorder patches it, which the role must allow.
 	first := eventsOn(listed)[0]
 	rec.Event(listed, corev1.EventTypeWarning, first.Reason, first.Message)
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		evs := eventsOn(listed)
-		if len(evs) == 1 && evs[0].Count == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the repeated Event was not counted (can the agent patch events?): %+v", evs)
-		}
-		time.Sleep(100 * time.Millisecond) // polls the API server for the Event's count
+	// Polls the API server for the Event's count.
+	var evs []corev1.Event
+	if !testenv.Poll(30*time.Second, func() bool { evs = eventsOn(listed); return len(evs) == 1 && evs[0].Count == 2 }) {
+		t.Fatalf("the repeated Event was not counted (can the agent patch events?): %+v", evs)
 	}
 }
 

@@ -251,13 +251,8 @@ func freePort(t *testing.T) uint16 {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polls: cond looks at another process's state, which announces nothing
-	}
+	// cond looks at another process's state, which announces nothing.
+	testenv.Eventually(t, 10*time.Second, what, cond)
 }
 
 // obsConfig is what the checks need to know beside the metric families.

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 const smallBodies = `
@@ -102,16 +104,9 @@ func TestBodiesBySize(t *testing.T) {
 	}
 	// Spool files are gone once requests end. Polls: they are removed as
 	// each request's runner returns, after its answer, with no event.
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		ents, _ := os.ReadDir(spoolDir)
-		if len(ents) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d spool files left after the requests ended", len(ents))
-		}
-		time.Sleep(10 * time.Millisecond) // polls (see above)
+	var ents []os.DirEntry
+	if !testenv.Poll(2*time.Second, func() bool { ents, _ = os.ReadDir(spoolDir); return len(ents) == 0 }) {
+		t.Fatalf("%d spool files left after the requests ended", len(ents))
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
 )
@@ -261,17 +262,17 @@ func TestRequestLogLine(t *testing.T) {
 	id := resp.Header.Get(HeaderRequestID)
 	rawRequest(t, p.addr, "GET "+up.url("/")+" HTTP/2.0\r\nHost: x\r\n\r\n")
 	var lines []string
-	for deadline := time.Now().Add(2 * time.Second); len(lines) < 2 && time.Now().Before(deadline); {
-		// Polls: a line is logged after the answer is written, and the
-		// log has no event to wait on.
-		time.Sleep(time.Millisecond)
+	// Polls: a line is logged after the answer is written, and the log
+	// has no event to wait on.
+	testenv.Poll(2*time.Second, func() bool {
 		lines = lines[:0]
 		for l := range strings.Lines(out.String()) {
 			if strings.Contains(l, "msg=request") {
 				lines = append(lines, l)
 			}
 		}
-	}
+		return len(lines) >= 2
+	})
 	if len(lines) != 2 {
 		t.Fatalf("request lines:\n%s", out.String())
 	}

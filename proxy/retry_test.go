@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 // fastRetries is a policy with short, fixed waits so tests run quickly.
@@ -344,11 +345,7 @@ defaults:
 	readAll(t, resp.Body)
 	// Polls: the permit goes back as the runner returns, after the
 	// client's last byte, and nothing announces it.
-	deadline := time.Now().Add(2 * time.Second)
-	for bh().InUse() != 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if bh().InUse() != 0 {
+	if !testenv.Poll(2*time.Second, func() bool { return bh().InUse() == 0 }) {
 		t.Errorf("permit still held after the response ended")
 	}
 }
@@ -424,20 +421,18 @@ func TestDrainDeniesRetriesAndLetsInFlightFinish(t *testing.T) {
 	}()
 	// Polls: Shutdown has no event for "draining" (Draining is a flag)
 	// nor for its listener's close.
-	deadline := time.Now().Add(2 * time.Second)
-	for !p.Draining() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Poll(2*time.Second, p.Draining)
 	// New connections are refused once draining: Shutdown closes the
 	// listener just after it sets the flag. Polls: no event tells of the
 	// close, a refused dial does.
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	testenv.Poll(2*time.Second, func() bool {
 		c, err := net.DialTimeout("tcp", p.addr, time.Second)
 		if err != nil {
-			break
+			return true
 		}
 		c.Close()
-	}
+		return false
+	})
 	if c, err := net.DialTimeout("tcp", p.addr, time.Second); err == nil {
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", up.url("/"))
@@ -647,13 +642,9 @@ func (p *testProxy) connCount() int {
 // count of polls, whose time a loaded machine stretches).
 func waitConns(t *testing.T, p *testProxy, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if p.connCount() == n {
-			return
-		}
-		time.Sleep(time.Millisecond)
+	if !testenv.Poll(10*time.Second, func() bool { return p.connCount() == n }) {
+		t.Fatalf("proxy holds %d connections, want %d", p.connCount(), n)
 	}
-	t.Fatalf("proxy holds %d connections, want %d", p.connCount(), n)
 }
 
 // A connection accepted before Shutdown whose request comes after it began
@@ -674,9 +665,7 @@ func TestShutdownServesNewConnection(t *testing.T) {
 		defer cancel()
 		shut <- p.Shutdown(ctx)
 	}()
-	for !p.Draining() { // polls: Draining is a flag, with no event
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, "the proxy draining", p.Draining) // Draining is a flag, with no event
 	// Not synchronisation: the connection stays idle through several of
 	// Shutdown's rounds, the delay the test is about.
 	time.Sleep(50 * time.Millisecond)
@@ -766,9 +755,7 @@ func TestShutdownWaitsForAcceptInHand(t *testing.T) {
 		defer cancel()
 		shut <- s.Shutdown(ctx)
 	}()
-	for !s.Draining() { // polls: Draining is a flag, with no event
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, "the server draining", s.Draining) // Draining is a flag, with no event
 	// Not synchronisation: a window in which Shutdown must not return
 	// (an absence no event can show).
 	time.Sleep(30 * time.Millisecond)

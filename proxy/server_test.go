@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 func TestExplicitGetAndPost(t *testing.T) {
@@ -475,11 +477,7 @@ func TestTransparentLateHTTPIsServed(t *testing.T) {
 	defer c.Close()
 	// Past the sniff timeout, and until the dial for the silent case is
 	// done. Polls: the upstream's accept count is the only sign of it.
-	for deadline := time.Now().Add(5 * time.Second); up.conns.Load() < 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the destination was never dialed for the silent connection")
-		}
-	}
+	testenv.Eventually(t, 5*time.Second, "the destination dialed for the silent connection", func() bool { return up.conns.Load() >= 1 })
 	// Not synchronisation: the request comes late, a while into the wait
 	// for either side to speak that follows the dial; it must be served
 	// wherever in that wait it lands.

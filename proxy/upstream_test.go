@@ -26,6 +26,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/promtest"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
 )
@@ -297,15 +298,13 @@ func TestMetricsDurationAndBudget(t *testing.T) {
 	var mfs map[string]*dto.MetricFamily
 	// Polls: the answer's log line (and observation) follows its last
 	// byte, and a registry has no event for a new sample.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+	testenv.Poll(5*time.Second, func() bool {
 		mfs = gatherMap(t, reg)
 		h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed")
 		r := histogramOf(mfs["egret_proxy_request_duration_seconds"], "rejected")
-		if h != nil && h.GetSampleCount() == 1 && r != nil && r.GetSampleCount() == 1 {
-			break // both answers observed (the rejected one's too)
-		}
-		time.Sleep(5 * time.Millisecond) // polls (see above)
-	}
+		// Both answers observed (the rejected one's too).
+		return h != nil && h.GetSampleCount() == 1 && r != nil && r.GetSampleCount() == 1
+	})
 	h := histogramOf(mfs["egret_proxy_request_duration_seconds"], "relayed")
 	if h == nil || h.GetSampleCount() != 1 || h.GetSampleSum() < 0.06 || h.GetSampleSum() > 5 {
 		t.Fatalf("relayed duration: %v", h)

@@ -149,8 +149,10 @@ func TestH1IdleTimeout(t *testing.T) {
 // their exchange are closed rather than pooled.
 func TestH1MaxIdlePerHost(t *testing.T) {
 	release := make(chan struct{})
+	arrived := make(chan struct{}, 4)
 	var seen atomic.Int64
 	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+		arrived <- struct{}{}
 		<-release
 		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
 	})
@@ -167,10 +169,13 @@ func TestH1MaxIdlePerHost(t *testing.T) {
 			done <- err
 		}()
 	}
-	// Polls: answerEach counts arrivals and announces none.
-	for deadline := time.Now().Add(10 * time.Second); seen.Load() < 4; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 4 requests arrived", seen.Load())
+	// The four requests in the server's hands (each answer waits).
+	timeout := time.After(10 * time.Second)
+	for i := range 4 {
+		select {
+		case <-arrived:
+		case <-timeout:
+			t.Fatalf("%d of 4 requests arrived", i)
 		}
 	}
 	close(release)

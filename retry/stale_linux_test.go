@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/witness"
 	"golang.org/x/sys/unix"
 )
@@ -287,17 +288,16 @@ func pairConn(t *testing.T, w witness.Witness) (*witnessConn, net.Conn) {
 // counters (what the check reads) move with no event to wait on.
 func waitCheck(t *testing.T, pc *h1Conn, want bool, what string) {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
-		stale, decided := pc.wc.checkIdle(pc.tls)
-		if !decided {
-			t.Fatalf("%s: the witness's snapshot did not decide", what)
-		}
-		if stale == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: stale %v, want %v", what, stale, want)
-		}
+	var stale, decided bool
+	testenv.Poll(2*time.Second, func() bool {
+		stale, decided = pc.wc.checkIdle(pc.tls)
+		return !decided || stale == want
+	})
+	if !decided {
+		t.Fatalf("%s: the witness's snapshot did not decide", what)
+	}
+	if stale != want {
+		t.Fatalf("%s: stale %v, want %v", what, stale, want)
 	}
 }
 

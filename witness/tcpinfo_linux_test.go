@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 func rawOf(t *testing.T, c net.Conn) syscall.RawConn {
@@ -66,14 +68,12 @@ func TestTCPInfoCountsBytesSentOnlyAfterAWrite(t *testing.T) {
 	var after Counters
 	// Polls: the peer's ACK arrives in the kernel with no event a socket
 	// user can wait on; TCP_INFO shows it.
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	testenv.Poll(2*time.Second, func() bool {
 		if after, err = w.Snapshot(raw); err != nil {
 			t.Fatal(err)
 		}
-		if after.BytesAcked-before.BytesAcked >= uint64(len(msg)) {
-			break
-		}
-	}
+		return after.BytesAcked-before.BytesAcked >= uint64(len(msg))
+	})
 	if NoByteLeft(before, after) {
 		t.Fatalf("a write left no trace: %+v -> %+v", before, after)
 	}

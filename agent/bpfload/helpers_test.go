@@ -50,6 +50,9 @@ func setupWith(t testing.TB, opts bpfload.Options) *env {
 		if err := bpftest.NothingLeft(e.pin, cgs, nil, ids); err != nil {
 			t.Error(err)
 		}
+		// Reported above; not left on the host either (a Load or
+		// SetAlive that failed leaves its pins).
+		os.RemoveAll(e.pin)
 	})
 	e.cg = bpftest.NewCgroups(t)
 	opts.PinDir = e.pin

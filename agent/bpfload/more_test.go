@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,11 +88,8 @@ func TestTupleRemovedOnClose(t *testing.T) {
 	s.Close()
 	// Polls: the tuples go when the kernel runs the close hooks, which
 	// announce nothing.
-	for deadline := time.Now().Add(3 * time.Second); tupleCount(t, e) != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("tuples after close = %d, want 0", tupleCount(t, e))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testenv.Poll(3*time.Second, func() bool { return tupleCount(t, e) == 0 }) {
+		t.Fatalf("tuples after close = %d, want 0", tupleCount(t, e))
 	}
 }
 
@@ -110,12 +108,11 @@ func TestWitnessResetAfterBytes(t *testing.T) {
 	}
 	_ = s.SetLinger(0)
 	s.Close()
-	var after witness.Counters
-	// Polls: the eBPF program marks the reset with no event to wait on.
-	for deadline := time.Now().Add(3 * time.Second); !after.ResetReceived && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-		after = snapshot(t, w, c)
-	}
+	// The client's read ends with the reset: the eBPF program marks it in
+	// the tcp_receive_reset tracepoint, before the kernel sets the
+	// socket's error and wakes the reader.
+	waitReset(t, c)
+	after := snapshot(t, w, c)
 	if !after.ResetReceived || after.BytesSent != 1000 || witness.NoByteLeft(before, after) {
 		t.Fatalf("reset after 1000 bytes: %+v", after)
 	}
@@ -141,20 +138,11 @@ func TestWitnessRTOAndRetransmit(t *testing.T) {
 	if _, err := c.Write([]byte("lost request")); err != nil {
 		t.Fatal(err)
 	}
-	var ctr witness.Counters
-	// Polls: retransmission timeouts fire in the kernel with no event.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-		ctr = snapshot(t, w, c)
-		if ctr.RTOs >= 1 && ctr.Retransmits >= 1 {
-			break
-		}
-	}
-	if ctr.RTOs < 1 || ctr.Retransmits < 1 {
-		t.Fatalf("no RTO/retransmit recorded: %+v", ctr)
-	}
+	// The ring buffer's events are the sign: the eBPF program counts an
+	// RTO or a retransmission in the socket's record before it emits the
+	// event, so once both are read the counters show them.
 	seen := map[bpfload.EventType]bool{}
-	events.SetDeadline(time.Now().Add(3 * time.Second))
+	events.SetDeadline(time.Now().Add(8 * time.Second))
 	for !seen[bpfload.EventRTO] || !seen[bpfload.EventRetransmit] {
 		ev, err := events.Read()
 		if err != nil {
@@ -164,7 +152,29 @@ func TestWitnessRTOAndRetransmit(t *testing.T) {
 			seen[ev.Type] = true
 		}
 	}
+	ctr := snapshot(t, w, c)
+	if ctr.RTOs < 1 || ctr.Retransmits < 1 {
+		t.Fatalf("no RTO/retransmit recorded: %+v", ctr)
+	}
 	t.Logf("after RTO: %+v", ctr)
+}
+
+// waitReset reads from c until the peer's reset ends the read (as
+// ECONNRESET): the event that the kernel has processed the RST.
+func waitReset(t *testing.T, c net.Conn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, 4096)
+	for {
+		_, err := c.Read(buf)
+		if errors.Is(err, syscall.ECONNRESET) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("waiting for the reset, the read ended with %v", err)
+		}
+	}
 }
 
 // nft loads a ruleset into the network namespace ns (the table goes with
@@ -220,6 +230,8 @@ func TestRemoveLeavesNothing(t *testing.T) {
 	cg := bpftest.NewCgroups(t)
 	podCg, selfCg := cg.Sub(t, "pod"), cg.Sub(t, "egret")
 	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	// Whatever fails below, the pins go (Remove is what is tested).
+	t.Cleanup(func() { os.RemoveAll(pin) })
 	l, err := bpfload.Load(bpfload.Options{PinDir: pin})
 	if err != nil {
 		t.Fatal(err)
@@ -293,6 +305,7 @@ func loadMountsBPFFSChild(t *testing.T) {
 		t.Fatal("bpffs still mounted")
 	}
 	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	t.Cleanup(func() { os.RemoveAll(pin) }) // in this private namespace's bpffs; whatever fails
 	l, err := bpfload.Load(bpfload.Options{PinDir: pin})
 	if err != nil {
 		t.Fatal(err)
@@ -317,6 +330,8 @@ func TestAttachSelfRemovesEarlierAgentsLinks(t *testing.T) {
 	cg := bpftest.NewCgroups(t)
 	oldSelf, newSelf := cg.Sub(t, "egret-old"), cg.Sub(t, "egret-new")
 	pin := filepath.Join(bpfload.BPFFSRoot, bpftest.RandName())
+	// Whatever fails below, the pins go (a dead agent's stay by design).
+	t.Cleanup(func() { os.RemoveAll(pin) })
 	l1, err := bpfload.Load(bpfload.Options{PinDir: pin})
 	if err != nil {
 		t.Fatal(err)

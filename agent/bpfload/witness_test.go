@@ -10,6 +10,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -64,13 +65,10 @@ func TestWitnessCountsBytesSent(t *testing.T) {
 	var after witness.Counters
 	// Polls: the ACKs move the kernel's and the eBPF program's counters
 	// with no event a socket user can wait on.
-	for deadline := time.Now().Add(3 * time.Second); ; {
+	testenv.Poll(3*time.Second, func() bool {
 		after = snapshot(t, w, c)
-		if after.BytesAcked >= n || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return after.BytesAcked >= n
+	})
 	// bytes_acked also counts the SYN, as tcpi_bytes_acked does. On a loaded
 	// machine a tail-loss probe may resend a segment even on loopback; sent
 	// bytes count retransmissions, so they may exceed n only then.
@@ -132,15 +130,10 @@ func TestWitnessRecordsReset(t *testing.T) {
 	}
 	s.Close()
 
-	var after witness.Counters
-	// Polls: the eBPF program marks the reset with no event to wait on.
-	for deadline := time.Now().Add(3 * time.Second); ; {
-		after = snapshot(t, w, c)
-		if after.ResetReceived || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// The client's read ends with the reset, after the eBPF program
+	// marked it (waitReset).
+	waitReset(t, c)
+	after := snapshot(t, w, c)
 	if !after.ResetReceived {
 		t.Fatalf("no reset recorded: %+v", after)
 	}
@@ -200,11 +193,7 @@ func TestWitnessRawLookupMatchesLibrary(t *testing.T) {
 	}
 	// The last ACKs in, so that the two lookups below see the same
 	// record. Polls: ACKs come with no event a socket user can wait on.
-	for deadline := time.Now().Add(5 * time.Second); snapshot(t, w, c).BytesAcked < 70000; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the 70000 bytes were never acknowledged")
-		}
-	}
+	testenv.Eventually(t, 5*time.Second, "the 70000 bytes acknowledged", func() bool { return snapshot(t, w, c).BytesAcked >= 70000 })
 	rc := rawConn(t, c)
 	raw, err := w.Record(rc)
 	if err != nil {

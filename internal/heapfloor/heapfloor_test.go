@@ -6,6 +6,8 @@ import (
 	"runtime/metrics"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 func TestPercent(t *testing.T) {
@@ -105,13 +107,13 @@ func churn(n int) uint64 {
 // again so that there is a cleanup to run.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	testenv.Eventually(t, 5*time.Second, what, func() bool {
+		if cond() {
+			return true
 		}
 		runtime.GC()
-		time.Sleep(5 * time.Millisecond) // polls (see above)
-	}
+		return false
+	})
 }
 
 // With a small live heap, the floor makes collections several times rarer

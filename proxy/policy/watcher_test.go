@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -73,17 +74,11 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-// eventually polls cond every 5 ms for at most 5 s: a reload shows only in
-// the watcher's metrics, logs and Current, none of which signals.
+// eventually waits up to 5 s for cond: a reload shows only in the
+// watcher's metrics, logs and Current, none of which signals.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond) // polls (see above)
-	}
+	testenv.Eventually(t, 5*time.Second, what, cond)
 }
 
 func policyFile(attempts int) string {

@@ -193,6 +193,17 @@ func runAlive(leftover string) bool {
 	return false
 }
 
+// runOfCgroup returns the egret run (egret-run-XXXX) whose sub cgroup
+// ("/cmd", "/egret") a /proc/PID/cgroup listing names, or "".
+func runOfCgroup(listing, sub string) string {
+	for _, l := range strings.Split(listing, "\n") {
+		if rest, ok := strings.CutPrefix(l, "0::/"); ok && strings.HasPrefix(rest, "egret-run-") && strings.HasSuffix(rest, sub) {
+			return strings.TrimSuffix(rest, sub)
+		}
+	}
+	return ""
+}
+
 // removeRun removes what the egret run name made, if it is still there:
 // its processes, cgroups, pins, network namespace and veth. For a test
 // that kills a run, so that a failure leaves nothing behind.
@@ -239,7 +250,22 @@ func TestEgretRunCollectsWhatAKilledRunLeft(t *testing.T) {
 	if err := victim.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { victim.Process.Kill(); victim.Wait() })
+	// Whatever happens below, nothing of the killed run stays: the
+	// cleanup learns the run from egret's own cgroup if the test did not
+	// get that far, before it kills egret.
+	var name string
+	t.Cleanup(func() {
+		if name == "" {
+			if cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", victim.Process.Pid)); err == nil {
+				name = runOfCgroup(string(cg), "/egret")
+			}
+		}
+		victim.Process.Kill()
+		victim.Wait()
+		if name != "" {
+			removeRun(t, name)
+		}
+	})
 	var pid int
 	if _, err := fmt.Fscan(out, &pid); err != nil {
 		t.Fatalf("egret run did not start its command: %v", err)
@@ -248,17 +274,9 @@ func TestEgretRunCollectsWhatAKilledRunLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var name string
-	for _, l := range strings.Split(string(cg), "\n") {
-		if rest, ok := strings.CutPrefix(l, "0::/"); ok && strings.HasPrefix(rest, "egret-run-") {
-			name = strings.TrimSuffix(rest, "/cmd")
-		}
-	}
-	if name == "" {
+	if name = runOfCgroup(string(cg), "/cmd"); name == "" {
 		t.Fatalf("the command is not in an egret run's cgroup: %q", cg)
 	}
-	// Whatever happens below, nothing of the killed run stays.
-	t.Cleanup(func() { removeRun(t, name) })
 	victim.Process.Kill()
 	victim.Wait()
 	top := filepath.Join(cgroup2.Root(), name)

@@ -312,16 +312,31 @@ func (n *node) addPod(t testing.TB, name string, o podOpts) *pod {
 
 func (n *node) waitPod(t testing.TB, name, state string) agent.PodStatus {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	var st agent.PodStatus
+	var err error
+	if !n.awaitPods(10*time.Second, func() bool { st, err = n.agent.Pod(name); return err == nil && st.State == state }) {
+		t.Fatalf("pod %s not %s: %+v %v", name, state, st, err)
+	}
+	return st
+}
+
+// awaitPods waits until cond (a look at the agent's pods) holds, asking
+// it again at each change the agent announces (PodsChanged: a pod
+// started, failed or went), for at most timeout; it says whether cond
+// held.
+func (n *node) awaitPods(timeout time.Duration, cond func() bool) bool {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
 	for {
-		st, err := n.agent.Pod(name)
-		if err == nil && st.State == state {
-			return st
+		changed := n.agent.PodsChanged() // before cond looks: no change is missed
+		if cond() {
+			return true
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s not %s: %+v %v", name, state, st, err)
+		select {
+		case <-changed:
+		case <-timer.C:
+			return cond()
 		}
-		time.Sleep(5 * time.Millisecond) // polls the agent's state (a pod's, a trace's), which announces nothing
 	}
 }
 
@@ -401,15 +416,12 @@ func assertNothingLeft(t testing.TB, name string, progs []uint32) {
 			t.Errorf("left behind: %s rules with %q", save, Prefix)
 		}
 	}
-	// Programs are freed after an RCU grace period: allow a moment.
+	// Programs are freed after an RCU grace period, announced to no one:
+	// polls, for at most 5 s in all.
 	deadline := time.Now().Add(5 * time.Second)
 	for _, id := range progs {
-		for bpftest.ProgExists(id) {
-			if time.Now().After(deadline) {
-				t.Errorf("left behind: eBPF program %d", id)
-				break
-			}
-			time.Sleep(20 * time.Millisecond) // polls: the kernel frees programs after an RCU grace period, announced to no one
+		if !testenv.Poll(time.Until(deadline), func() bool { return !bpftest.ProgExists(id) }) {
+			t.Errorf("left behind: eBPF program %d", id)
 		}
 	}
 }
@@ -417,11 +429,10 @@ func assertNothingLeft(t testing.TB, name string, progs []uint32) {
 // trace returns the trace of a request id. The proxy stores a trace when
 // the exchange ends, which may be just after the client has its answer.
 func (n *node) trace(id string) (retry.Trace, bool) {
-	for range 400 {
-		if tr, _, ok := n.agent.Trace(id); ok {
-			return tr, true
-		}
-		time.Sleep(5 * time.Millisecond) // polls the agent's state (a pod's, a trace's), which announces nothing
-	}
-	return retry.Trace{}, false
+	var tr retry.Trace
+	var ok bool
+	// Polls: the agent announces no trace (a pod's Traces.Watch is
+	// inside the agent, for one outcome).
+	testenv.Poll(5*time.Second, func() bool { tr, _, ok = n.agent.Trace(id); return ok })
+	return tr, ok
 }

@@ -136,13 +136,11 @@ func TestKubernetesAgent(t *testing.T) {
 	if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Message, `egret.dev/exclude-cidrs="10.0.0.300/8"`) {
 		t.Fatalf("event: %+v", ev)
 	}
-	// (The agent batches its log lines: give them a moment.)
-	deadline := time.Now().Add(10 * time.Second)
-	for log := a.log.String(); !strings.Contains(log, `msg="pod source refused" err="pod `+ns+`/bad: annotation egret.dev/exclude-cidrs`); log = a.log.String() {
-		if time.Now().After(deadline) {
-			t.Fatalf("agent log lacks the bad annotation:\n%s", log)
-		}
-		time.Sleep(20 * time.Millisecond) // polls another process's log, which announces nothing
+	// (The agent batches its log lines: wait for their write.)
+	if !a.log.Await(10*time.Second, func(log string) bool {
+		return strings.Contains(log, `msg="pod source refused" err="pod `+ns+`/bad: annotation egret.dev/exclude-cidrs`)
+	}) {
+		t.Fatalf("agent log lacks the bad annotation:\n%s", a.log.String())
 	}
 	t.Logf("Warning Event on %s/bad: %s", ns, ev.Message)
 
@@ -152,12 +150,8 @@ func TestKubernetesAgent(t *testing.T) {
 	if _, err := pods.Patch(ctx, "web", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(15 * time.Second)
-	for !strings.Contains(a.log.String(), `msg="pod removed" pod=`+podName) {
-		if time.Now().After(deadline) {
-			t.Fatalf("pod not removed after its annotation went:\n%s", a.log.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polls another process's log, which announces nothing
+	if !a.log.Await(15*time.Second, func(log string) bool { return strings.Contains(log, `msg="pod removed" pod=`+podName) }) {
+		t.Fatalf("pod not removed after its annotation went:\n%s", a.log.String())
 	}
 	r = p.curl(t, "-H", "Ledger-Id: kube-2", "-H", "Ledger-Fault: 503; times=1", url(up, "/orders"))
 	if r.Status != 503 || r.Headers.Get("Egret-Request-Id") != "" || led.Executions("kube-2") != 1 {
@@ -191,19 +185,20 @@ func podStatus(t *testing.T, admin, name string) agent.PodStatus {
 // waitEvent polls the API for an Event with the reason on a pod.
 func waitEvent(t *testing.T, c *kubeapi.Cluster, ns, pod, reason string) corev1.Event {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var ev corev1.Event
+	// Polls the API server for the Event (a watch would do, at the
+	// price of its own resync handling).
+	testenv.Eventually(t, 15*time.Second, "Event "+reason+" on pod "+ns+"/"+pod, func() bool {
 		l, err := c.Client.CoreV1().Events(ns).List(context.Background(),
 			metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod + ",reason=" + reason})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(l.Items) > 0 {
-			return l.Items[0]
+		if len(l.Items) == 0 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Event %s on pod %s/%s", reason, ns, pod)
-		}
-		time.Sleep(50 * time.Millisecond) // polls the API server for the Event
-	}
+		ev = l.Items[0]
+		return true
+	})
+	return ev
 }

@@ -238,15 +238,9 @@ func TestPodAtItsLimitLeavesOthersAlone(t *testing.T) {
 	}
 }
 
-// waitUntil polls cond (a test's view of another process: its log, its
-// admin API; neither tells of a change) every 20 ms for 10 s.
+// waitUntil waits up to 10 s for cond (a test's view of another process:
+// its log, its admin API; neither tells of a change).
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polls (see above)
-	}
+	testenv.Eventually(t, 10*time.Second, what, cond)
 }

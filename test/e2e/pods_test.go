@@ -155,15 +155,8 @@ func TestPodPolicyStillApplies(t *testing.T) {
 
 func waitGone(t *testing.T, n *node, name string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := n.agent.Pod(name); err != nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s still there", name)
-		}
-		time.Sleep(5 * time.Millisecond) // polls: the agent announces no pod's removal
+	if !n.awaitPods(10*time.Second, func() bool { _, err := n.agent.Pod(name); return err != nil }) {
+		t.Fatalf("pod %s still there", name)
 	}
 }
 

@@ -60,15 +60,46 @@ type agentProc struct {
 	admin string
 }
 
+// syncBuffer is a process's output, safe for concurrent use; each write
+// wakes Await.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu   sync.Mutex
+	b    bytes.Buffer
+	grew chan struct{} // closed (and dropped) at each write
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.grew != nil {
+		close(s.grew)
+		s.grew = nil
+	}
 	return s.b.Write(p)
+}
+
+// Await waits until cond holds of the output, asking it again as each
+// write arrives (the process's pipe is the event), for at most timeout;
+// it says whether cond held.
+func (s *syncBuffer) Await(timeout time.Duration, cond func(out string) bool) bool {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		if s.grew == nil {
+			s.grew = make(chan struct{})
+		}
+		grew, out := s.grew, s.b.String()
+		s.mu.Unlock()
+		if cond(out) {
+			return true
+		}
+		select {
+		case <-grew:
+		case <-timer.C:
+			return cond(s.String())
+		}
+	}
 }
 
 func (s *syncBuffer) String() string {
@@ -105,23 +136,23 @@ func (ap *agentProc) waitRunning(t *testing.T, pod string) time.Duration {
 	start := time.Now()
 	c := agent.AdminClient(ap.admin)
 	defer c.CloseIdleConnections()
-	for time.Since(start) < 15*time.Second {
+	running := false
+	// Polls another process's admin API, which announces nothing; an
+	// agent that exited ends the wait.
+	testenv.Poll(15*time.Second, func() bool {
 		resp, err := c.Get("http://egret/pods/" + pod)
 		if err == nil {
 			var st agent.PodStatus
 			_ = json.NewDecoder(resp.Body).Decode(&st)
 			resp.Body.Close()
-			if st.State == agent.StateRunning {
-				return time.Since(start)
-			}
+			running = st.State == agent.StateRunning
 		}
-		if ap.cmd.ProcessState != nil {
-			break
-		}
-		time.Sleep(5 * time.Millisecond) // polls another process's admin API
+		return running || ap.cmd.ProcessState != nil
+	})
+	if !running {
+		t.Fatalf("agent not running pod %s; log:\n%s", pod, ap.log.String())
 	}
-	t.Fatalf("agent not running pod %s; log:\n%s", pod, ap.log.String())
-	return 0
+	return time.Since(start)
 }
 
 func freeLoopbackAddr(t *testing.T) string {
@@ -304,17 +335,15 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	var tv agent.TraceView
 	adm := agent.AdminClient(a2.admin)
 	defer adm.CloseIdleConnections()
-	for range 100 {
+	// Polls another process's admin API, which announces nothing.
+	testenv.Poll(10*time.Second, func() bool {
 		resp, err := adm.Get("http://egret/explain/" + id)
 		if err == nil {
 			err = json.NewDecoder(resp.Body).Decode(&tv)
 			resp.Body.Close()
 		}
-		if err == nil && len(tv.Attempts) == 2 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond) // polls another process (its admin API, its log and the pod's path)
-	}
+		return err == nil && len(tv.Attempts) == 2
+	})
 	if len(tv.Attempts) != 2 || tv.Attempts[0].Status != 503 || tv.Attempts[0].Decision != "retry" || tv.Attempts[1].Status != 200 {
 		t.Fatalf("explain %s: %+v", id, tv)
 	}
@@ -352,15 +381,12 @@ func TestKill9FailsOpenAndRestartResumes(t *testing.T) {
 	if err := os.Rename(podsFile+".new", podsFile); err != nil {
 		t.Fatal(err)
 	}
-	gone := false
-	for range 500 {
-		if r := p.curl(t, url(up, "/")); r.Headers.Get("Egret-Request-Id") == "" && strings.Contains(a2.log.String(), "pod removed") {
-			gone = true
-			break
-		}
-		time.Sleep(10 * time.Millisecond) // polls another process (its admin API, its log and the pod's path)
-	}
-	if !gone {
+	// Polls another process (its log and the pod's path), which
+	// announces nothing.
+	if !testenv.Poll(20*time.Second, func() bool {
+		r := p.curl(t, url(up, "/"))
+		return r.Headers.Get("Egret-Request-Id") == "" && strings.Contains(a2.log.String(), "pod removed")
+	}) {
 		t.Fatalf("pod not removed after the pods file changed:\n%s", a2.log.String())
 	}
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/internal/promtest"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
@@ -123,12 +124,9 @@ upstreams:
 	if err := n.src.Remove("shop/web"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for series("web") > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the deleted pod still has %d series", series("web"))
-		}
-		time.Sleep(10 * time.Millisecond) // polls the metrics, which announce nothing
+	// Polls the metrics, which announce nothing.
+	if !testenv.Poll(10*time.Second, func() bool { return series("web") == 0 }) {
+		t.Fatalf("the deleted pod still has %d series", series("web"))
 	}
 	t.Logf("web had %d workload series, gone after its deletion; worker keeps %d", before, series("worker"))
 	if series("worker") == 0 {

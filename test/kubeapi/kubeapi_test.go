@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/kubeapi"
 )
 
@@ -131,16 +132,17 @@ func TestRBACHoldsImpersonatedUsersToTheirRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The authorizer learns of the binding through its informers.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := as.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err == nil {
-			break
+	// Polls: the authorizer's cache takes the new binding with no event.
+	var listErr error
+	testenv.Poll(10*time.Second, func() bool {
+		_, listErr = as.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if listErr != nil && !apierrors.IsForbidden(listErr) {
+			t.Fatalf("list pods with the role: %v", listErr)
 		}
-		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
-			t.Fatalf("list pods with the role: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polls: the authorizer's cache takes the new binding with no event
+		return listErr == nil
+	})
+	if listErr != nil {
+		t.Fatalf("list pods with the role: %v", listErr)
 	}
 	// The role does not reach further than it says.
 	if _, err := as.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/egret-proxy/egret/agent"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/kubenode"
 	"github.com/egret-proxy/egret/test/ledger"
 )
@@ -64,17 +65,20 @@ func (c *cluster) agentPod(t testing.TB) *corev1.Pod {
 // (nil: any), and returns it.
 func (c *cluster) waitAgentReady(t testing.TB, timeout time.Duration, ok func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last *corev1.Pod
-	for time.Now().Before(deadline) {
+	var last, ready *corev1.Pod
+	// Polls a real node (API server, pods, kernel), whose changes reach
+	// no event here.
+	if testenv.Poll(timeout, func() bool {
 		p := c.agentPod(t)
 		if p != nil {
 			last = p
 			if kubenode.PodReady(p) && (ok == nil || ok(p)) {
-				return p
+				ready = p
 			}
 		}
-		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
+		return ready != nil
+	}) {
+		return ready
 	}
 	msg := "none"
 	if last != nil {
@@ -133,26 +137,25 @@ func (c *cluster) agentPods(t testing.TB, p *corev1.Pod) (map[string]agent.PodSt
 // (namespace/name) running (want true) or lists none of them (false).
 func (c *cluster) waitBehindEgret(t testing.TB, want bool, timeout time.Duration, names ...string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last map[string]agent.PodStatus
 	var lastErr error
-	for time.Now().Before(deadline) {
-		if ap := c.agentPod(t); ap != nil {
-			last, lastErr = c.agentPods(t, ap)
-			if lastErr == nil {
-				done := true
-				for _, n := range names {
-					s, ok := last[n]
-					if want != (ok && s.State == agent.StateRunning) || (!want && ok) {
-						done = false
-					}
-				}
-				if done {
-					return
-				}
+	if testenv.Poll(timeout, func() bool {
+		ap := c.agentPod(t)
+		if ap == nil {
+			return false
+		}
+		if last, lastErr = c.agentPods(t, ap); lastErr != nil {
+			return false
+		}
+		for _, n := range names {
+			s, ok := last[n]
+			if want != (ok && s.State == agent.StateRunning) || (!want && ok) {
+				return false
 			}
 		}
-		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
+		return true
+	}) {
+		return
 	}
 	t.Fatalf("pods %v behind egret = %v not reached in %v; agent has %d pods (%v)", names, want, timeout, len(last), lastErr)
 }
@@ -316,16 +319,10 @@ func (c *cluster) loop(t testing.TB, podIP, what string) loopStats {
 // again (after since).
 func (c *cluster) waitLoopViaEgret(t testing.TB, podIP string, since time.Time, timeout time.Duration) loopStats {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var s loopStats
-	for time.Now().Before(deadline) {
-		s = c.loop(t, podIP, "stats")
-		if s.LastEgret.After(since) {
-			return s
-		}
-		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
+	if !testenv.Poll(timeout, func() bool { s = c.loop(t, podIP, "stats"); return s.LastEgret.After(since) }) {
+		t.Fatalf("the loop's requests did not come through egret again within %v: %+v", timeout, s)
 	}
-	t.Fatalf("the loop's requests did not come through egret again within %v: %+v", timeout, s)
 	return s
 }
 
@@ -358,13 +355,9 @@ func (c *cluster) events(t testing.TB, ns, pod, reason string) []corev1.Event {
 
 func waitFor(t testing.TB, timeout time.Duration, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond) // polls a real node (API server, pods, kernel), whose changes reach no event here
-	}
+	// Polls a real node (API server, pods, kernel), whose changes reach
+	// no event here.
+	testenv.Eventually(t, timeout, what, f)
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

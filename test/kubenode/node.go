@@ -652,12 +652,9 @@ func (n *Node) stop(t testing.TB) {
 				_ = n.Client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 			}
 		}
-		for ctx.Err() == nil {
-			if n.ctrTasks() == 0 {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		// Polls containerd's task list (an external process's state).
+		deadline, _ := ctx.Deadline()
+		testenv.Poll(time.Until(deadline), func() bool { return n.ctrTasks() == 0 })
 		cancel()
 	}
 	// Components in reverse order of start.
@@ -720,7 +717,9 @@ func killNamespace(holder int) error {
 	if err != nil {
 		return err
 	}
-	for try := 0; try < 50; try++ {
+	// Polls /proc until no process of the namespace is left (a killed
+	// process is reaped by its parent, with no event here), for 5 s.
+	gone := testenv.Poll(5*time.Second, func() bool {
 		ents, _ := os.ReadDir("/proc")
 		left := 0
 		for _, e := range ents {
@@ -733,10 +732,10 @@ func killNamespace(holder int) error {
 				left++
 			}
 		}
-		if left == 0 {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
+		return left == 0
+	})
+	if gone {
+		return nil
 	}
 	return errors.New("processes of the node's mount namespace survive SIGKILL")
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
+	"github.com/egret-proxy/egret/internal/testenv"
 	"github.com/egret-proxy/egret/test/kubenode"
 	"github.com/egret-proxy/egret/test/ledger"
 )
@@ -271,17 +272,14 @@ func (c *cluster) testBurst(t *testing.T) {
 	c.waitBehindEgret(t, false, 3*time.Minute, names...)
 	t.Logf("30 pods off egret %v after their deletion", time.Since(start).Round(time.Millisecond))
 	var links, entries, fds int
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// Polls the kernel's pins and the agent's descriptors, which announce
+	// nothing.
+	if !testenv.Poll(30*time.Second, func() bool {
 		links, entries, fds = len(pinnedPods(t, pin)), mapEntries(t, filepath.Join(pin, "egret_pods")), agentFDs(t, c, ap)
-		if links == len(before) && entries == entriesBefore && fds <= fdsBefore {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("30 s after the burst: %d pinned pod links (before %d), %d egret_pods entries (before %d), %d agent descriptors (before %d: %v; now %v)",
-				links, len(before), entries, entriesBefore, fds, fdsBefore, fdKindsBefore, fdKinds(t, c, ap))
-		}
-		time.Sleep(100 * time.Millisecond) // polls the kernel's pins and the agent's descriptors, which announce nothing
+		return links == len(before) && entries == entriesBefore && fds <= fdsBefore
+	}) {
+		t.Fatalf("30 s after the burst: %d pinned pod links (before %d), %d egret_pods entries (before %d), %d agent descriptors (before %d: %v; now %v)",
+			links, len(before), entries, entriesBefore, fds, fdsBefore, fdKindsBefore, fdKinds(t, c, ap))
 	}
 	for _, n := range names {
 		c.n.WaitPod(t, c.ns, strings.TrimPrefix(n, c.ns+"/"), time.Minute, "gone", func(p *corev1.Pod) bool { return p == nil })

@@ -284,6 +284,7 @@ func (hc *h2conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 		return true
 	}
 	hc.s.mu.Lock()
+	hc.s.notifyLocked()
 	hc.s.stats.H2Streams++
 	hc.s.mu.Unlock()
 	flt := hc.s.arrive(h)

@@ -114,6 +114,9 @@ type Server struct {
 	records map[string]*Record
 	keys    map[string]*keyEntry
 	stats   Stats
+	// changed is closed (and dropped) at each change of the records or
+	// the stats: Await's event.
+	changed chan struct{}
 
 	lnMu   sync.Mutex
 	lns    []net.Listener
@@ -143,6 +146,42 @@ func New() *Server {
 		conns:   make(map[net.Conn]struct{}),
 		closed:  make(chan struct{}),
 		stats:   Stats{Faults: make(map[Kind]int)},
+	}
+}
+
+// Await waits until cond reports true, or timeout has passed, and says
+// whether cond held. cond looks at the server (Record, Executions,
+// Stats...): it is called at the start and again after each change of
+// the records or the stats, not in a timed loop, so that a test waits for
+// an arrival or an execution on the event itself.
+func (s *Server) Await(timeout time.Duration, cond func() bool) bool {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		if s.changed == nil {
+			s.changed = make(chan struct{})
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		// ch is taken before cond looks: a change while it looks closes
+		// ch, and cond is asked again.
+		if cond() {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return cond()
+		}
+	}
+}
+
+// notifyLocked tells Await's waiters of a change (s.mu held).
+func (s *Server) notifyLocked() {
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
 	}
 }
 
@@ -240,6 +279,7 @@ func newHead(h http.Header, method, path, proto string) *head {
 func (s *Server) arrive(h *head) Fault {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.notifyLocked()
 	s.stats.Arrivals++
 	r := s.recordLocked(h.id)
 	r.Arrivals++
@@ -261,6 +301,7 @@ func (s *Server) arrive(h *head) Fault {
 func (s *Server) victim(h *head) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.notifyLocked()
 	s.stats.Arrivals++
 	s.stats.ReuseResets++
 	r := s.recordLocked(h.id)
@@ -273,6 +314,7 @@ func (s *Server) victim(h *head) {
 func (s *Server) collateral(ids []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.notifyLocked()
 	for _, id := range ids {
 		s.stats.Collateral++
 		s.recordLocked(id).Collateral++
@@ -283,11 +325,13 @@ func (s *Server) collateral(ids []string) {
 func (s *Server) bystander(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.notifyLocked()
 	s.recordLocked(id).Bystander++
 }
 
 func (s *Server) countIdleClose() {
 	s.mu.Lock()
+	s.notifyLocked()
 	s.stats.IdleCloses++
 	s.mu.Unlock()
 }
@@ -305,6 +349,7 @@ func (s *Server) execute(h *head, size int64, sum [32]byte) answer {
 	hexSum := hex.EncodeToString(sum[:])
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.notifyLocked()
 	var ke *keyEntry
 	if h.key != "" {
 		if e, ok := s.keys[h.key]; ok {

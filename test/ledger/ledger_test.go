@@ -218,11 +218,8 @@ func TestH1Hold(t *testing.T) {
 	// A client that gives up first still leaves an execution behind.
 	c2, _ := dial(t, addr)
 	fmt.Fprintf(c2, "POST / HTTP/1.1\r\nHost: l\r\n%s: h2\r\n%s: hold; ms=2000\r\nContent-Length: 1\r\n\r\nx", HeaderID, HeaderFault)
-	// Polls: the ledger records an execution and announces none.
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Executions("h2") == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// The execution, from the ledger's own event.
+	s.Await(5*time.Second, func() bool { return s.Executions("h2") > 0 })
 	c2.Close()
 	if s.Executions("h2") != 1 {
 		t.Fatal("held request not executed")
@@ -363,12 +360,9 @@ func TestH2RefusedStreamAndGoAway(t *testing.T) {
 	// Stream 3 is held (executed), stream 5 asks for GOAWAY: the GOAWAY says
 	// 3 is the last stream, 3 is answered, 5 is not executed.
 	hc.request(3, "kept", "hold; ms=200", []byte("k"))
-	// Polls (the ledger announces no arrival): 3 has arrived before 5
-	// asks for the GOAWAY.
-	for deadline := time.Now().Add(5 * time.Second); s.Record("kept").Arrivals == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("stream 3 never executed")
-		}
+	// 3 has arrived before 5 asks for the GOAWAY (the ledger's event).
+	if !s.Await(5*time.Second, func() bool { return s.Record("kept").Arrivals > 0 }) {
+		t.Fatal("stream 3 never executed")
 	}
 	hc.request(5, "ga", "goaway", nil)
 	var goaway *http2.GoAwayFrame
@@ -609,11 +603,7 @@ func TestH2Attribution(t *testing.T) {
 	// flight on it is collateral, the new one a victim.
 	hc := dialH2(t, addr)
 	hc.request(1, "inflight", "hold; ms=2000", []byte("x"))
-	// Polls: the ledger announces no execution.
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Executions("inflight") == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	s.Await(5*time.Second, func() bool { return s.Executions("inflight") > 0 })
 	hc.request(3, "reuse", "reset-on-reuse", nil)
 	for f := hc.next(t); f != nil; f = hc.next(t) {
 		if d, ok := f.(*http2.DataFrame); ok && d.StreamID == 3 && d.StreamEnded() {
@@ -636,12 +626,9 @@ func TestH2Attribution(t *testing.T) {
 	hc.request(3, "after", "", nil)
 	for f := hc.next(t); f != nil; f = hc.next(t) {
 	}
-	// The client may see the half-close before the server read stream 3.
-	// Polls: the ledger announces no bystander.
-	deadline = time.Now().Add(5 * time.Second)
-	for s.Record("after").Bystander == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// The client may see the half-close before the server read stream 3:
+	// wait for the ledger's count of the bystander.
+	s.Await(5*time.Second, func() bool { return s.Record("after").Bystander > 0 })
 	if r := s.Record("after"); r.Bystander != 1 || r.Arrivals != 0 || len(r.Executions) != 0 {
 		t.Fatalf("bystander %+v", r)
 	}
@@ -719,5 +706,30 @@ func TestH2RefusalNotLostToTheClose(t *testing.T) {
 				t.Fatalf("a refused stream executed")
 			}
 		})
+	}
+}
+
+// TestAwaitWakesOnTheChange: Await returns on the execution itself, and
+// gives up after its timeout on a state that never comes.
+func TestAwaitWakesOnTheChange(t *testing.T) {
+	s, addr := Start(t)
+	done := make(chan bool)
+	go func() { done <- s.Await(10*time.Second, func() bool { return s.Executions("await") == 1 }) }()
+	req, _ := http.NewRequest("GET", "http://"+addr.String()+"/", nil)
+	req.Header.Set(HeaderID, "await")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !<-done {
+		t.Fatal("Await missed the execution")
+	}
+	start := time.Now()
+	if s.Await(20*time.Millisecond, func() bool { return s.Executions("never") > 0 }) {
+		t.Fatal("Await reported a state that never came")
+	}
+	if time.Since(start) < 20*time.Millisecond {
+		t.Fatal("Await gave up before its timeout")
 	}
 }

@@ -128,7 +128,7 @@ func (s *Server) acceptLoop(ln net.Listener, isTLS bool) {
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // not synchronisation: a pause after a failed accept (EMFILE, say), as net/http's
 				continue
 			}
 			return
@@ -138,6 +138,7 @@ func (s *Server) acceptLoop(ln net.Listener, isTLS bool) {
 			return
 		}
 		s.mu.Lock()
+		s.notifyLocked()
 		s.stats.Connections++
 		s.mu.Unlock()
 		s.wg.Add(1)

@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/internal/cgroup2"
+	"github.com/egret-proxy/egret/internal/testenv"
 )
 
 // Prefix starts the name of every cgroup, netns pin and bpffs directory a
@@ -84,7 +85,8 @@ func (c *Cgroups) Sub(t testing.TB, name string) string {
 // RemoveCgroupTree removes a cgroup and its descendants (deepest first),
 // killing what still runs in each (cgroup.kill, Linux 5.14; in a cgroup
 // v1 hierarchy, which has none, each process cgroup.procs lists) and
-// retrying while exiting processes still hold them.
+// waiting while exiting processes still hold them (cgroup.events in v2;
+// in v1, which has none, the rmdir is retried).
 func RemoveCgroupTree(top string) error {
 	var dirs []string
 	err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
@@ -111,11 +113,33 @@ func RemoveCgroupTree(top string) error {
 				}
 			}
 		}
+		if _, err := os.Stat(filepath.Join(dirs[i], "cgroup.events")); errors.Is(err, os.ErrNotExist) {
+			if err := removeV1(dirs[i], 2*time.Second); err != nil {
+				return err
+			}
+			continue
+		}
 		// The kills are asynchronous: the removal waits for the last
 		// exit (cgroup.events), then removes the directory.
 		if err := cgroup2.Remove(dirs[i], 2*time.Second); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// removeV1 removes a cgroup v1 directory (or one already gone). A v1
+// cgroup has no cgroup.events to wait on (cgroup2.Remove takes its
+// absence for the directory's), and rmdir fails with EBUSY while a killed
+// process is still exiting: polls the rmdir, for at most timeout.
+func removeV1(dir string, timeout time.Duration) error {
+	var err error
+	testenv.Poll(timeout, func() bool {
+		err = unix.Rmdir(dir)
+		return err == nil || errors.Is(err, unix.ENOENT)
+	})
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("remove cgroup %s: %w", dir, err)
 	}
 	return nil
 }
@@ -440,17 +464,12 @@ func NothingLeft(pinDir string, cgroups, attachedTo []string, progIDs []uint32) 
 			left = append(left, fmt.Sprintf("program %d attached to %s", id, c))
 		}
 	}
+	// Programs are freed after an RCU grace period, announced to no one:
+	// polls, for at most 5 s in all.
 	deadline := time.Now().Add(5 * time.Second)
 	for _, id := range progIDs {
-		for {
-			if !ProgExists(id) {
-				break
-			}
-			if time.Now().After(deadline) {
-				left = append(left, fmt.Sprintf("bpf program id %d", id))
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+		if !testenv.Poll(time.Until(deadline), func() bool { return !ProgExists(id) }) {
+			left = append(left, fmt.Sprintf("bpf program id %d", id))
 		}
 	}
 	if len(left) > 0 {

@@ -528,20 +528,19 @@ func testBadAnnotations(t *testing.T, c *kubeapi.Cluster) {
 func waitEvent(t *testing.T, e *env, pod, reason string) corev1.Event {
 	t.Helper()
 	sel := fmt.Sprintf("involvedObject.name=%s,reason=%s", pod, reason)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var ev corev1.Event
+	testenv.Eventually(t, 15*time.Second, "Event "+reason+" on pod "+pod, func() bool {
 		l, err := e.c.Client.CoreV1().Events(e.ns).List(context.Background(), metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(l.Items) > 0 {
-			return l.Items[0]
+		if len(l.Items) == 0 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Event %s on pod %s", reason, pod)
-		}
-		time.Sleep(50 * time.Millisecond) // polls the API server for the Event
-	}
+		ev = l.Items[0]
+		return true
+	})
+	return ev
 }
 
 func testLayouts(t *testing.T, c *kubeapi.Cluster) {

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egret-proxy/egret/internal/testenv"
 	ucli "github.com/urfave/cli/v2"
 )
 
@@ -156,14 +157,13 @@ func TestProxyCommandRetriesAndDrains(t *testing.T) {
 	}
 	// Polls: the readiness probe is the only view of the drain, which
 	// lasts while the slow request (400 ms) is in flight.
-	for deadline := time.Now().Add(300 * time.Millisecond); ; time.Sleep(5 * time.Millisecond) {
-		code, body := probe(ReadyPath)
-		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s while draining: %d %q", ReadyPath, code, body)
-		}
+	var readyCode int
+	var readyBody string
+	if !testenv.Poll(300*time.Millisecond, func() bool {
+		readyCode, readyBody = probe(ReadyPath)
+		return readyCode == http.StatusServiceUnavailable && strings.Contains(readyBody, "draining")
+	}) {
+		t.Fatalf("%s while draining: %d %q", ReadyPath, readyCode, readyBody)
 	}
 	if code, body := probe(HealthPath); code != 200 {
 		t.Fatalf("%s while draining: %d %q", HealthPath, code, body)

@@ -24,6 +24,12 @@ func TestCollectTouchesOnlyRunsWhoseProcessIsGone(t *testing.T) {
 	rand.Read(b)
 	name := runPrefix + hex.EncodeToString(b)
 	only := func(n string) bool { return n == name }
+	// Registered before the lock and the namespace are made: whatever
+	// fails, neither stays.
+	t.Cleanup(func() {
+		netns.DeleteNamed(name)
+		os.Remove(runLockPath(name))
+	})
 	lock, err := lockRun(name)
 	if err != nil {
 		t.Fatal(err)
@@ -34,10 +40,6 @@ func TestCollectTouchesOnlyRunsWhoseProcessIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns.Close()
-	t.Cleanup(func() {
-		netns.DeleteNamed(name)
-		os.Remove(runLockPath(name))
-	})
 	log := slog.New(slog.DiscardHandler)
 	collectStaleRuns(log, only)
 	if _, err := os.Stat(filepath.Join(netns.Dir, name)); err != nil {
