@@ -349,7 +349,7 @@ func (c *conn) target(req *http.Request) (target, error) {
 // pod's limit fails with ErrLimit; one with no descriptor for its file,
 // with ErrNoDescriptors.
 func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time) (b *spool.Body, g *guard, hold spoolHold, err error) {
-	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
+	src := bodyReader(req, c.br)
 	if src == nil {
 		return nil, nil, spoolHold{}, nil
 	}

@@ -249,12 +249,13 @@ func asciiLowerIs(b []byte, lower string) bool {
 func chunked(req *http.Request) bool { return len(req.TransferEncoding) > 0 }
 
 // bodyReader returns the reader of the request body on the client
-// connection: a chunked decoder that also consumes the trailer section, or
-// a reader of exactly Content-Length bytes. nil when there is no body.
-func bodyReader(req *http.Request, br *bufio.Reader, maxTrailer int) io.Reader {
+// connection: a chunked decoder that also consumes the trailer section
+// (bounded by br's buffer, as in net/http), or a reader of exactly
+// Content-Length bytes. nil when there is no body.
+func bodyReader(req *http.Request, br *bufio.Reader) io.Reader {
 	switch {
 	case chunked(req):
-		return &chunkedBody{h1.NewChunkedReader(br, h1.Limits{MaxBytes: maxTrailer, MaxFields: 128})}
+		return &chunkedBody{h1.NewChunkedReader(br)}
 	case req.ContentLength > 0:
 		return h1.NewSized(br, req.ContentLength)
 	}

@@ -13,8 +13,7 @@ import (
 // errMalformedResponse: the upstream's response head is not HTTP/1.x.
 var errMalformedResponse = errors.New("malformed HTTP response")
 
-// maxHeaderFields bounds the header fields of one response head (and of
-// a trailer section).
+// maxHeaderFields bounds the header fields of one response head.
 const maxHeaderFields = 1000
 
 // readResponse reads one response head from br and frames its body as RFC
@@ -116,7 +115,7 @@ func frame(resp *http.Response, br *bufio.Reader, req *http.Request) error {
 		}
 	case f.Chunked:
 		resp.ContentLength = -1
-		resp.Body = h1.NewChunkedReader(br, h1.Limits{MaxFields: maxHeaderFields})
+		resp.Body = h1.NewChunkedReader(br)
 	case f.Length == 0:
 		resp.Body, resp.ContentLength = http.NoBody, 0
 	case f.Length > 0:

@@ -3,37 +3,35 @@ package h1
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http/httputil"
+	"net/textproto"
 	"strconv"
-
-	"golang.org/x/net/http/httpguts"
 )
 
 // ChunkedReader reads a chunked body (RFC 9112 section 7.1) and, at its
-// end, the trailer section, which it checks and drops (egret relays no
-// trailers), so that the connection is left at the next message. The
-// chunks are decoded by net/http's decoder (httputil.NewChunkedReader),
-// whose errors are returned as they are. A trailer section is taken as
-// net/http takes one: field lines ending in CRLF with token names and
-// values without control characters, each within br's buffer; a line
-// otherwise, or one more than lim.MaxFields, is an *Error (ErrMalformed,
-// ErrTooManyFields), as is a section past lim.MaxBytes (ErrHeadTooLarge);
-// a stream that ends in it is io.ErrUnexpectedEOF. An error is returned
-// again by every later Read. Close does nothing: the stream belongs to the
+// end, the trailer section, which it drops (egret relays no trailers), so
+// that the connection is left at the next message. Both are read as
+// net/http reads them: the chunks by its decoder (httputil.NewChunkedReader),
+// whose errors are returned as they are; the trailer section only if its
+// end (CRLF CRLF) is within br's buffer (else ErrHeadTooLarge: that is
+// its bound), then by net/textproto (a line it refuses is ErrMalformed). A
+// stream that ends in it is io.ErrUnexpectedEOF. FuzzChunkedReader holds
+// it to net/http's reading of a request body. An error is returned again by
+// every later Read. Close does nothing: the stream belongs to the
 // connection.
 type ChunkedReader struct {
 	br  *bufio.Reader
 	r   io.Reader
-	lim Limits
 	err error
 }
 
 // NewChunkedReader returns a reader of the chunked body that follows on
-// br, its trailer section bounded by lim.
-func NewChunkedReader(br *bufio.Reader, lim Limits) *ChunkedReader {
-	return &ChunkedReader{br: br, r: httputil.NewChunkedReader(br), lim: lim}
+// br.
+func NewChunkedReader(br *bufio.Reader) *ChunkedReader {
+	return &ChunkedReader{br: br, r: httputil.NewChunkedReader(br)}
 }
 
 func (c *ChunkedReader) Read(p []byte) (int, error) {
@@ -53,32 +51,45 @@ func (c *ChunkedReader) Read(p []byte) (int, error) {
 // Close does nothing (see ChunkedReader).
 func (c *ChunkedReader) Close() error { return nil }
 
-// trailer reads the trailer section and the empty line that ends it.
+// trailer reads the trailer section and the empty line that ends it, as
+// net/http's body.readTrailer does.
 func (c *ChunkedReader) trailer() error {
-	size := 0
-	for fields := 0; ; fields++ {
-		line, err := c.br.ReadSlice('\n')
+	buf, err := c.br.Peek(2)
+	if string(buf) == "\r\n" {
+		c.br.Discard(2)
+		return nil
+	}
+	if len(buf) < 2 && (err == nil || err == io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return fmt.Errorf("reading the trailer: %w", err)
+	}
+	if !upcomingDoubleCRLF(c.br) {
+		return errorf(ErrHeadTooLarge, "trailer section longer than the read buffer")
+	}
+	if _, err := textproto.NewReader(c.br).ReadMIMEHeader(); err != nil {
+		var pe textproto.ProtocolError
+		switch {
+		case err == io.EOF:
+			err = io.ErrUnexpectedEOF
+		case errors.As(err, &pe):
+			return errorf(ErrMalformed, "trailer section: %v", pe)
+		}
+		return fmt.Errorf("reading the trailer: %w", err)
+	}
+	return nil
+}
+
+// upcomingDoubleCRLF reports whether CRLF CRLF comes within br's buffer.
+func upcomingDoubleCRLF(br *bufio.Reader) bool {
+	for n := 4; ; n++ {
+		buf, err := br.Peek(n) // more is read only when n passes what is buffered
+		if bytes.HasSuffix(buf, []byte("\r\n\r\n")) {
+			return true
+		}
 		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return fmt.Errorf("reading the trailer: %w", err)
-		}
-		if size += len(line); c.lim.MaxBytes > 0 && size > c.lim.MaxBytes {
-			return errorf(ErrHeadTooLarge, "trailer section")
-		}
-		if !bytes.HasSuffix(line, []byte("\r\n")) {
-			return errorf(ErrMalformed, "trailer line without CRLF")
-		}
-		if len(line) == 2 {
-			return nil
-		}
-		if c.lim.MaxFields > 0 && fields >= c.lim.MaxFields {
-			return errorf(ErrTooManyFields, "trailer section")
-		}
-		if k, v, ok := bytes.Cut(line[:len(line)-2], []byte(":")); !ok || !httpguts.ValidHeaderFieldName(string(k)) ||
-			!httpguts.ValidHeaderFieldValue(string(bytes.Trim(v, " \t"))) {
-			return errorf(ErrMalformed, "trailer line %q", clip(string(line)))
+			return false
 		}
 	}
 }

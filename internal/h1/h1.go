@@ -17,8 +17,10 @@
 // caller's buffer, copied once into a string, and the names and values are
 // parts of that string; the values share one array. On a 6-field request
 // head that is 4 allocations where textproto makes 10
-// (BenchmarkParseFields). The chunked decoder is net/http's own
-// (httputil.NewChunkedReader); what follows the last chunk is read here.
+// (BenchmarkParseFields). Where net/http's readers serve they are used:
+// the chunked decoder is net/http's (httputil.NewChunkedReader), and the
+// trailer section, which egret drops, is read as net/http reads it, with
+// net/textproto.
 //
 // Errors of syntax or framing are *Error values wrapping one of the
 // sentinels below, matched with errors.Is; the sides turn them into their
