@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http/httputil"
 	"net/textproto"
-	"strconv"
 )
 
 // ChunkedReader reads a chunked body (RFC 9112 section 7.1) and, at its
@@ -103,7 +102,16 @@ func WriteChunk(bw *bufio.Writer, p []byte) error {
 	if len(p) == 0 {
 		return nil
 	}
-	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(p)), 16))
+	// The size in hex, a byte at a time: a slice of it would escape, or
+	// (bw.AvailableBuffer when bw is full) be allocated.
+	n := uint(len(p))
+	shift := 0
+	for n>>shift > 15 {
+		shift += 4
+	}
+	for ; shift >= 0; shift -= 4 {
+		bw.WriteByte("0123456789abcdef"[n>>shift&15])
+	}
 	bw.WriteString("\r\n")
 	bw.Write(p)
 	_, err := bw.WriteString("\r\n")

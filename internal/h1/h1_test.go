@@ -295,18 +295,28 @@ func TestChunkedReader(t *testing.T) {
 func TestWriteChunk(t *testing.T) {
 	var out bytes.Buffer
 	bw := bufio.NewWriterSize(&out, 16)
+	// Allocation-free, also when the size line does not fit in bw.
+	full := bufio.NewWriterSize(io.Discard, 16)
+	chunk := bytes.Repeat([]byte("c"), 0x1234)
+	if a := testing.AllocsPerRun(100, func() {
+		full.Write(chunk[:15])
+		WriteChunk(full, chunk)
+	}); a != 0 {
+		t.Errorf("%v allocations per chunk", a)
+	}
 	for _, p := range []string{"hello", "", strings.Repeat("z", 40)} {
 		if err := WriteChunk(bw, []byte(p)); err != nil {
 			t.Fatal(err)
 		}
 	}
+	WriteChunk(bw, chunk)
 	EndChunks(bw)
 	bw.Flush()
-	if want := "5\r\nhello\r\n28\r\n" + strings.Repeat("z", 40) + "\r\n0\r\n\r\n"; out.String() != want {
+	if want := "5\r\nhello\r\n28\r\n" + strings.Repeat("z", 40) + "\r\n1234\r\n" + string(chunk) + "\r\n0\r\n\r\n"; out.String() != want {
 		t.Fatalf("wrote %q, want %q", out.String(), want)
 	}
 	got, err := io.ReadAll(NewChunkedReader(bufio.NewReader(&out)))
-	if err != nil || string(got) != "hello"+strings.Repeat("z", 40) {
+	if err != nil || string(got) != "hello"+strings.Repeat("z", 40)+string(chunk) {
 		t.Errorf("read back %q %v", got, err)
 	}
 }
