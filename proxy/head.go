@@ -67,6 +67,9 @@ func readHead(br *bufio.Reader, buf []byte, lim headLimits) ([]byte, error) {
 // errors above, with h1's detail; other errors (of the connection) are
 // returned as they are.
 func requestError(err error) error {
+	if err == nil {
+		return nil // before e, which would be allocated on every request
+	}
 	var e *h1.Error
 	if !errors.As(err, &e) {
 		return err

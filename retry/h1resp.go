@@ -71,6 +71,9 @@ func readResponse(br *bufio.Reader, req *http.Request, sc *headScratch) (*http.R
 // with h1's detail; other errors (of the connection) are returned as they
 // are.
 func responseError(err error) error {
+	if err == nil {
+		return nil
+	}
 	var e *h1.Error
 	if !errors.As(err, &e) {
 		return err
