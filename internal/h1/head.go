@@ -186,15 +186,16 @@ func ParseStatusLine(line string) (StatusLine, error) {
 // and the request side answers with the status of the first rule broken,
 // as net/http would.
 func ParseFields(s string, keepOrder bool) (h http.Header, order []string, badName string, err error) {
-	n := strings.Count(s, "\n")
-	var vals []string // one array for the values (most names come once) and the order
+	n := max(strings.Count(s, "\n")-1, 0) // the field lines, the empty line aside
+	var vals []string                     // one array for the values (most names come once) and the order
 	if keepOrder {
 		vals = make([]string, 2*n)
 		vals, order = vals[:n:n], vals[n:n:2*n]
+		h = make(http.Header, n+1) // and room for the caller's key of the order
 	} else {
 		vals = make([]string, n)
+		h = make(http.Header, n)
 	}
-	h = make(http.Header, n+1)
 	for i := 0; ; i++ {
 		var line string
 		line, s = CutLine(s)
