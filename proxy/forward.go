@@ -24,6 +24,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/h1"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/proxy/spool"
 	"github.com/egret-proxy/egret/retry"
@@ -348,7 +349,7 @@ func (c *conn) target(req *http.Request) (target, error) {
 // pod's limit fails with ErrLimit; one with no descriptor for its file,
 // with ErrNoDescriptors.
 func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time) (b *spool.Body, g *guard, hold spoolHold, err error) {
-	src := bodyReader(req, c.br, c.s.cfg.MaxHeaderBytes)
+	src := bodyReader(req, c.br)
 	if src == nil {
 		return nil, nil, spoolHold{}, nil
 	}
@@ -694,12 +695,9 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 			}
 			c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 			if chunk {
-				c.bw.Write(strconv.AppendInt(c.bw.AvailableBuffer(), int64(n), 16))
-				c.bw.WriteString("\r\n")
-			}
-			c.bw.Write(buf[:n])
-			if chunk {
-				c.bw.WriteString("\r\n")
+				h1.WriteChunk(c.bw, buf[:n])
+			} else {
+				c.bw.Write(buf[:n])
 			}
 			if werr := c.bw.Flush(); werr != nil {
 				return werr
@@ -707,7 +705,7 @@ func (c *conn) copyBody(r io.Reader, chunk bool) error {
 		}
 		if err == io.EOF {
 			if chunk {
-				c.bw.WriteString("0\r\n\r\n")
+				h1.EndChunks(c.bw)
 			}
 			return nil
 		}

@@ -42,12 +42,14 @@ func parseHeadStd(head []byte) (*http.Request, error) {
 	if hasCL && hasTE {
 		return nil, ErrLengthAndChunked
 	}
-	// The proxy refuses obsolete line folding, which net/http joins.
+	// The proxy refuses obsolete line folding, which net/http joins;
+	// net/http cuts the request line first (at single spaces), so a bad
+	// version there is still its 505.
 	if line, fields, _ := bytes.Cut(head, []byte("\n")); obsFold(fields) {
-		if f := bytes.Fields(line); len(f) == 3 {
-			if _, _, ok := http.ParseHTTPVersion(string(f[2])); ok {
-				return nil, fmt.Errorf("%w: obsolete line folding", ErrBadRequest)
-			}
+		_, rest, _ := bytes.Cut(bytes.TrimSuffix(line, []byte("\r")), []byte(" "))
+		_, proto, ok := bytes.Cut(rest, []byte(" "))
+		if _, _, vok := http.ParseHTTPVersion(string(proto)); !ok || vok {
+			return nil, fmt.Errorf("%w: obsolete line folding", ErrBadRequest)
 		}
 	}
 	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
@@ -157,6 +159,7 @@ var headCases = []struct {
 	{"obs-fold", "GET / HTTP/1.1\r\nX-A: a\r\n  b\r\n\tc \r\nX-B: d\r\n\r\n", 400},           // refused, where net/http joins
 	{"obs-fold blank continuation", "GET / HTTP/1.1\r\nX-A: a\r\n \r\nX-B: d\r\n\r\n", 400},  // refused, where net/http joins
 	{"obs-fold of the last field", "GET / HTTP/1.1\r\nHost: h\r\nX-A: a\r\n b\r\n\r\n", 400}, // refused, where net/http joins
+	{"obs-fold after a bad version", "GET / HTTP/1.1 \r\nX-A: a\r\n b\r\n\r\n", 505},         // net/http reads the request line first
 	{"white space before the first field", "GET / HTTP/1.1\r\n X-A: a\r\n\r\n", 400},
 	{"no colon", "GET / HTTP/1.1\r\nX-A a\r\n\r\n", 400},
 	{"empty name", "GET / HTTP/1.1\r\n: a\r\n\r\n", 400},

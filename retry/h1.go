@@ -23,6 +23,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/h1"
 )
 
 // Why an HTTP/1.1 client of our own rather than net/http's Transport: an
@@ -679,7 +680,6 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 	}
 	bp := chunkBufs.Get().(*[]byte)
 	defer chunkBufs.Put(bp)
-	var num [16]byte
 	var sent int64
 	for {
 		buf := *bp
@@ -712,12 +712,9 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 				}
 			}
 			if chunked {
-				c.bw.Write(strconv.AppendInt(num[:0], int64(n), 16))
-				c.bw.WriteString("\r\n")
-			}
-			c.bw.Write(buf[:n])
-			if chunked {
-				c.bw.WriteString("\r\n")
+				h1.WriteChunk(c.bw, buf[:n])
+			} else {
+				c.bw.Write(buf[:n])
 			}
 			if stream {
 				if werr := c.bw.Flush(); werr != nil {
@@ -727,8 +724,7 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 		}
 		switch {
 		case err == io.EOF && chunked:
-			_, werr := c.bw.WriteString("0\r\n\r\n")
-			return werr
+			return h1.EndChunks(c.bw)
 		case err == io.EOF && sent < cl:
 			return shortBody(sent, cl)
 		case err == io.EOF:

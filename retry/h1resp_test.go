@@ -120,6 +120,15 @@ func TestReadResponseAsNetHTTP(t *testing.T) {
 		{raw: "HTTP/1.1 200 OK\r\nX: a\x00b\r\n\r\n", refuse: true},
 		{raw: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n", refuse: true},
 		{raw: "", refuse: true},
+		// Where the response side once parted from net/http, before it
+		// shared the request side's rules (internal/h1):
+		{raw: "HTTP/1.0 200 OK\r\nConnection: keep-alive, close\r\nContent-Length: 2\r\n\r\nok"},
+		{raw: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-A\r\n\r\n0\r\nX-A: 1\r\n\r\n"},
+		{raw: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: Content-Length\r\n\r\n0\r\n\r\n", refuse: true},
+		{raw: "HTTP/1.1 200 OK\r\nContent-Length: 2\xc2\x85\r\n\r\nok", refuse: true},
+		{raw: "HTTP/1.1 200 OK\r\nTransfer-Encoding: \xe2\x84\xaahunked\r\n\r\n0\r\n\r\n", refuse: true},
+		{raw: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nA: 1\n\r\n\r\nNEXT"},
+		{raw: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\n0\r\n\r\n"},
 	} {
 		if tc.method == "" {
 			tc.method = "GET"

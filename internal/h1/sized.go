@@ -1,7 +1,4 @@
-// Package h1body reads HTTP/1.1 message bodies framed by a length (RFC 9112
-// section 6.2), for both sides of egret's proxy: client request bodies and
-// upstream response bodies.
-package h1body
+package h1
 
 import "io"
 

@@ -1,4 +1,4 @@
-package h1body
+package h1
 
 import (
 	"errors"
