@@ -16,7 +16,6 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/egret-proxy/egret/internal/h1body"
-	"github.com/egret-proxy/egret/retry"
 )
 
 // Errors of reading a client request; each maps to the status the client is
@@ -136,15 +135,19 @@ func readLine(br *bufio.Reader, buf []byte, max int) ([]byte, error) {
 // Obsolete line folding is refused (net/http joins the lines). Unlike
 // net/http it does not add Cache-Control: no-cache to a request with
 // Pragma: no-cache: the proxy forwards the header it was sent.
-func parseHead(head []byte) (*http.Request, error) {
-	req, err := parseRequest(head)
+//
+// It returns the header field names as sent, one per field line, in the
+// order sent: the order the fields go upstream in (retry.Exchange's
+// FieldOrder).
+func parseHead(head []byte) (*http.Request, []string, error) {
+	req, order, err := parseRequest(head)
 	// Content-Length with Transfer-Encoding is refused before anything
 	// else is looked at: parseRequest checks it once it has the fields;
 	// when it failed before, the field lines are looked for here.
 	if err != nil && !errors.Is(err, ErrLengthAndChunked) && lengthAndChunked(head) {
-		return nil, ErrLengthAndChunked
+		return nil, nil, ErrLengthAndChunked
 	}
-	return req, err
+	return req, order, err
 }
 
 // lengthAndChunked reports whether head has both a Content-Length and a
@@ -171,20 +174,20 @@ func lengthAndChunked(head []byte) bool {
 
 // parseRequest is parseHead but for the Content-Length with
 // Transfer-Encoding rule.
-func parseRequest(head []byte) (*http.Request, error) {
+func parseRequest(head []byte) (*http.Request, []string, error) {
 	s := string(head) // the one copy: methods, targets, names and values are parts of it
 	line, rest := cutLine(s)
 	method, rest1, ok1 := strings.Cut(line, " ")
 	uri, proto, ok2 := strings.Cut(rest1, " ")
 	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("%w: malformed HTTP request %q", ErrBadRequest, line)
+		return nil, nil, fmt.Errorf("%w: malformed HTTP request %q", ErrBadRequest, line)
 	}
 	if !isToken(method) {
-		return nil, fmt.Errorf("%w: invalid method %q", ErrBadRequest, method)
+		return nil, nil, fmt.Errorf("%w: invalid method %q", ErrBadRequest, method)
 	}
 	major, minor, ok := http.ParseHTTPVersion(proto)
 	if !ok {
-		return nil, fmt.Errorf("%w: malformed HTTP version %q", ErrUnsupportedVersion, proto)
+		return nil, nil, fmt.Errorf("%w: malformed HTTP version %q", ErrUnsupportedVersion, proto)
 	}
 	// CONNECT names an authority (host:port), or a path as net/rpc does.
 	rawURL := uri
@@ -194,7 +197,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 	}
 	u, err := url.ParseRequestURI(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		return nil, nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	if authority {
 		u.Scheme = ""
@@ -202,12 +205,12 @@ func parseRequest(head []byte) (*http.Request, error) {
 
 	h, order, badName, err := parseFields(rest)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	_, hasCL := h["Content-Length"]
 	_, hasTE := h["Transfer-Encoding"]
 	if hasCL && hasTE {
-		return nil, ErrLengthAndChunked
+		return nil, nil, ErrLengthAndChunked
 	}
 	req := &http.Request{
 		Method:     method,
@@ -221,7 +224,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 		RequestURI: uri,
 	}
 	if hosts := h["Host"]; len(hosts) > 1 {
-		return nil, fmt.Errorf("%w: too many Host headers", ErrBadRequest)
+		return nil, nil, fmt.Errorf("%w: too many Host headers", ErrBadRequest)
 	} else if req.Host == "" && len(hosts) == 1 {
 		req.Host = hosts[0]
 	}
@@ -243,10 +246,10 @@ func parseRequest(head []byte) (*http.Request, error) {
 		delete(h, "Transfer-Encoding")
 		if major > 1 || major == 1 && minor >= 1 || major == 0 && minor == 0 {
 			if len(te) != 1 {
-				return nil, fmt.Errorf("%w: too many transfer encodings: %q", ErrBadRequest, te)
+				return nil, nil, fmt.Errorf("%w: too many transfer encodings: %q", ErrBadRequest, te)
 			}
 			if !asciiEqualFold(te[0], "chunked") {
-				return nil, fmt.Errorf("%w: unsupported transfer encoding: %q", ErrUnsupportedCoding, te[0])
+				return nil, nil, fmt.Errorf("%w: unsupported transfer encoding: %q", ErrUnsupportedCoding, te[0])
 			}
 			isChunked = true
 		}
@@ -255,7 +258,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 		first := textproto.TrimString(cls[0])
 		for _, v := range cls[1:] {
 			if textproto.TrimString(v) != first {
-				return nil, fmt.Errorf("%w: multiple Content-Length headers; got %q", ErrBadRequest, cls)
+				return nil, nil, fmt.Errorf("%w: multiple Content-Length headers; got %q", ErrBadRequest, cls)
 			}
 		}
 		if len(cls) > 1 {
@@ -263,11 +266,11 @@ func parseRequest(head []byte) (*http.Request, error) {
 			cls[0] = first
 		}
 		if first == "" {
-			return nil, fmt.Errorf("%w: invalid empty Content-Length", ErrBadRequest)
+			return nil, nil, fmt.Errorf("%w: invalid empty Content-Length", ErrBadRequest)
 		}
 		n, err := strconv.ParseUint(first, 10, 63)
 		if err != nil {
-			return nil, fmt.Errorf("%w: bad Content-Length %q", ErrBadRequest, first)
+			return nil, nil, fmt.Errorf("%w: bad Content-Length %q", ErrBadRequest, first)
 		}
 		req.ContentLength = int64(n)
 	}
@@ -278,32 +281,31 @@ func parseRequest(head []byte) (*http.Request, error) {
 		if tr, ok := h["Trailer"]; ok {
 			delete(h, "Trailer")
 			if err := checkTrailerKeys(tr); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}
 
 	if badName != "" {
-		return nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, badName)
+		return nil, nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, badName)
 	}
 	if major != 1 {
-		return nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, proto)
+		return nil, nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, proto)
 	}
 	if hasTE && !isChunked {
-		return nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
+		return nil, nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
 	}
 	if e := field(h, "Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
-		return nil, fmt.Errorf("%w: %q", ErrExpectation, e)
+		return nil, nil, fmt.Errorf("%w: %q", ErrExpectation, e)
 	}
 	delete(h, "Host") // it is req.Host, as net/http has it
-	h[retry.FieldOrderKey] = order
-	return req, nil
+	return req, order, nil
 }
 
 // parseFields parses the header section (what follows the request line, up
 // to and including the empty line) into a header with canonical keys, and
-// the field names as sent, one per field line, in the order sent (what
-// retry.FieldOrderKey carries upstream). A name that is a token but for
+// the field names as sent, one per field line, in the order sent (the
+// order they go upstream in). A name that is a token but for
 // spaces is returned as badName rather than as an error, because net/http
 // refuses it only after the framing checks.
 func parseFields(s string) (h http.Header, order []string, badName string, err error) {

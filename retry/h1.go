@@ -23,6 +23,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // Why an HTTP/1.1 client of our own rather than net/http's Transport: an
@@ -299,14 +300,15 @@ func (p *h1Pool) closeIdle() {
 	}
 }
 
-// dial opens a new connection for key.
-func (p *h1Pool) dial(ctx context.Context, key poolKey) (*h1Conn, error) {
+// dial opens a new connection for key; w is the witness of the attempt
+// it is dialled for (nil: none).
+func (p *h1Pool) dial(ctx context.Context, key poolKey, w witness.Witness) (*h1Conn, error) {
 	var nc net.Conn
 	var err error
 	if key.scheme == "https" {
-		nc, err = p.t.dialTLSH1(ctx, "tcp", key.addr)
+		nc, err = p.t.dialTLSH1(ctx, "tcp", key.addr, w)
 	} else {
-		nc, err = p.t.dialPlain(ctx, "tcp", key.addr)
+		nc, err = p.t.dialPlain(ctx, "tcp", key.addr, w)
 	}
 	if err != nil {
 		if p.t.opts.MaxConnsPerHost > 0 {
@@ -322,18 +324,20 @@ func (p *h1Pool) dial(ctx context.Context, key poolKey) (*h1Conn, error) {
 	return c, nil
 }
 
-// roundTrip runs one attempt of req on an HTTP/1.1 connection. It never
-// retries and never moves the request to another connection.
-func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
-	if err := validHeader(req); err != nil {
+// roundTrip runs one attempt of req on an HTTP/1.1 connection, its header
+// fields in order (see writeFields). a is the runner's attempt (nil: none,
+// when HTTPTransport is used on its own). It never retries and never moves
+// the request to another connection.
+func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*http.Response, error) {
+	if err := validHeader(req, order); err != nil {
 		return nil, err
 	}
 	addr := canonicalAddr(req.URL)
 	key := poolKey{req.URL.Scheme, addr}
 	ctx := req.Context()
-	h := hooks{at: attemptOf(ctx), ct: httptrace.ContextClientTrace(ctx)}
-	if h.at != nil && h.at.viaHTTPTrace {
-		h.at = nil // it is in ct
+	h := hooks{a: a, ct: httptrace.ContextClientTrace(ctx)}
+	if a != nil {
+		h.at = a.at
 	}
 	if h.ct != nil && h.ct.GetConn != nil {
 		h.ct.GetConn(addr)
@@ -343,8 +347,14 @@ func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if c == nil {
-		dctx, _ := withHTTPTrace(ctx)
-		if c, err = p.dial(dctx, key); err != nil {
+		// The dialers (net.Dialer's DNS and connect, tracedDial, the TLS
+		// handshake) report through httptrace only.
+		dctx := ctx
+		var w witness.Witness
+		if h.at != nil {
+			dctx, w = httptrace.WithClientTrace(ctx, h.at.clientTrace()), h.at.w
+		}
+		if c, err = p.dial(dctx, key, w); err != nil {
 			return nil, err
 		}
 	}
@@ -353,12 +363,14 @@ func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
 		info.WasIdle, info.IdleTime = true, time.Since(c.idleAt)
 	}
 	h.gotConn(info)
-	return c.exchange(ctx, req, h)
+	return c.exchange(ctx, req, h, order)
 }
 
-// hooks are what an exchange reports to: the retry Transport's attempt
-// directly, and any httptrace.ClientTrace of the request's context.
+// hooks are what an exchange reports to: the runner's attempt (a, its
+// trace at) directly, and any httptrace.ClientTrace of the request's
+// context.
 type hooks struct {
+	a  *attemptCtx
 	at *attemptTrace
 	ct *httptrace.ClientTrace
 }
@@ -397,11 +409,12 @@ func (h hooks) firstByte() {
 	}
 }
 
-// causeOf is err, or the cause of ctx when ctx is done (its end interrupted
-// the I/O that failed).
-func causeOf(ctx context.Context, err error) error {
-	if ac, ok := ctx.(*attemptCtx); ok {
-		if c := ac.Cause(); c != nil {
+// causeOf is err, or the cause of the exchange's end when it ended (its
+// end interrupted the I/O that failed): the attempt's (a) when the runner
+// runs it, else ctx's.
+func causeOf(a *attemptCtx, ctx context.Context, err error) error {
+	if a != nil {
+		if c := a.Cause(); c != nil {
 			return c
 		}
 		return err
@@ -413,16 +426,17 @@ func causeOf(ctx context.Context, err error) error {
 }
 
 // ctxWatch is an exchange's registration of its connection's interrupt
-// with its context: directly with an attempt's, else by context.AfterFunc.
+// with its end: directly with the runner's attempt (a), else with ctx by
+// context.AfterFunc.
 type ctxWatch struct {
 	ac   *attemptCtx
 	stop func() bool
 }
 
-func watch(ctx context.Context, interrupt func()) ctxWatch {
-	if ac, ok := ctx.(*attemptCtx); ok {
-		ac.setHook(interrupt)
-		return ctxWatch{ac: ac}
+func watch(a *attemptCtx, ctx context.Context, interrupt func()) ctxWatch {
+	if a != nil {
+		a.setHook(interrupt)
+		return ctxWatch{ac: a}
 	}
 	return ctxWatch{stop: context.AfterFunc(ctx, interrupt)}
 }
@@ -441,19 +455,19 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // exchange writes req and reads the response head. On success the response
 // body owns the connection: it returns it to the pool at its end.
-func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*http.Response, error) {
-	w := watch(ctx, c.interrupt)
+func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks, order []string) (*http.Response, error) {
+	w := watch(h.a, ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
 		w.release()
 		c.close()
-		return nil, causeOf(ctx, err)
+		return nil, causeOf(h.a, ctx, err)
 	}
 
 	body, cl, chunked, err := outgoingBody(req)
 	if err != nil {
 		return fail(err)
 	}
-	c.writeHead(req, cl, chunked)
+	c.writeHead(req, order, cl, chunked)
 	h.wroteHeaders()
 	var wdone chan error
 	var headRead atomic.Bool
@@ -519,7 +533,7 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 		resp.Body = &h1Upgraded{c: c}
 		return resp, nil
 	}
-	resp.Body = &h1Body{c: c, rc: resp.Body, watch: w, ctx: ctx, wdone: wdone,
+	resp.Body = &h1Body{c: c, rc: resp.Body, watch: w, a: h.a, ctx: ctx, wdone: wdone,
 		keep: !resp.Close && !req.Close}
 	return resp, nil
 }
@@ -555,20 +569,18 @@ func sendsZeroLength(method string) bool {
 }
 
 // validHeader refuses a request no upstream should see: a bad method, or a
-// header field name or value that is not valid HTTP.
-func validHeader(req *http.Request) error {
+// header field name (in its header or its field order) or value that is
+// not valid HTTP.
+func validHeader(req *http.Request, order []string) error {
 	if req.Method != "" && !validMethod(req.Method) {
 		return fmt.Errorf("%w: method %q", ErrRequestInvalid, req.Method)
 	}
-	for k, vv := range req.Header {
-		if k == FieldOrderKey {
-			for _, name := range vv {
-				if !httpguts.ValidHeaderFieldName(name) {
-					return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, name)
-				}
-			}
-			continue
+	for _, name := range order {
+		if !httpguts.ValidHeaderFieldName(name) {
+			return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, name)
 		}
+	}
+	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
 			return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, k)
 		}
@@ -602,22 +614,13 @@ func validMethod(m string) bool {
 	return true
 }
 
-// FieldOrderKey is the key, in a request's Header, of the field names as
-// the client sent them, one per field line, in the order sent. The HTTP/1
-// writer writes the fields in that order and with those names; fields the
-// order does not name (added by the proxy, or values added to a field) follow
-// in a fixed order: by canonical name, values in order. The key is never
-// sent: it is no valid field name (like HTTP/2's pseudo-header fields), and
-// validHeader and the HTTP/2 path leave it out.
-const FieldOrderKey = ":field-order"
-
 // skipHeader: fields written from the request's own fields, never from
 // its header map.
-var skipHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true, FieldOrderKey: true}
+var skipHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
 
-// writeHead writes the request line and header fields to the connection's
-// buffer.
-func (c *h1Conn) writeHead(req *http.Request, cl int64, chunked bool) {
+// writeHead writes the request line and header fields (in order, see
+// writeFields) to the connection's buffer.
+func (c *h1Conn) writeHead(req *http.Request, order []string, cl int64, chunked bool) {
 	bw := c.bw
 	method := req.Method
 	if method == "" {
@@ -633,7 +636,7 @@ func (c *h1Conn) writeHead(req *http.Request, cl int64, chunked bool) {
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(requestHost(req))
 	bw.WriteString("\r\n")
-	writeFields(bw, req.Header)
+	writeFields(bw, req.Header, order)
 	switch {
 	case chunked:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -809,6 +812,7 @@ type h1Body struct {
 	c     *h1Conn
 	rc    io.ReadCloser
 	watch ctxWatch
+	a     *attemptCtx     // the runner's attempt, nil when none
 	ctx   context.Context // the exchange's: its cause explains an interrupted read
 	wdone chan error      // the body's write, when it ran beside the read
 	keep  bool
@@ -824,7 +828,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.end(true)
 	case err != nil:
-		err = causeOf(b.ctx, err)
+		err = causeOf(b.a, b.ctx, err)
 		b.end(false)
 	}
 	return n, err
@@ -889,11 +893,12 @@ var (
 )
 
 // writeFields writes the fields of h but those of skipHeader: first as
-// h[FieldOrderKey] names them (in that order, with those names), then the
-// rest by canonical name. The n-th line naming a field (in any case) carries
-// its n-th value; a field no longer in h is left out.
-func writeFields(bw *bufio.Writer, h http.Header) {
-	order := h[FieldOrderKey]
+// order names them (the field names as the client sent them, one per
+// field line: in that order, with those names), then the rest (added by
+// the proxy, or values added to a field) by canonical name, values in
+// order. The n-th line naming a field (in any case) carries its n-th
+// value; a field no longer in h is left out.
+func writeFields(bw *bufio.Writer, h http.Header, order []string) {
 	for i, name := range order {
 		key := textproto.CanonicalMIMEHeaderKey(name)
 		if skipHeader[key] {
