@@ -96,12 +96,26 @@ type h1Conn struct {
 	bodySent atomic.Bool
 	// readingSource: that goroutine waits on the body's source.
 	readingSource atomic.Bool
+	// sourceDone: that goroutine has read the source to its end; what is
+	// left is to write it.
+	sourceDone atomic.Bool
+	// writeState: that goroutine is writing (bodyWriting), has ended
+	// (bodyWritten), or was handed the connection by the response's end
+	// (bodyHandedOff, see h1Body.end).
+	writeState atomic.Int32
 	// writeErr: that goroutine failed before the response head came, and
 	// stopped its read.
 	writeErr atomic.Pointer[error]
 	// one is bodyEnds' read past a sized body (a local would escape).
 	one [1]byte
 }
+
+// h1Conn.writeState values.
+const (
+	bodyWriting int32 = iota
+	bodyWritten
+	bodyHandedOff
+)
 
 // limitedReader reads the connection, failing once more than n bytes were
 // read while n >= 0 (the response head's limit); n < 0: no limit.
@@ -491,6 +505,8 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks, order
 		}
 		wdone = make(chan error, 1)
 		c.bodySent.Store(false)
+		c.sourceDone.Store(false)
+		c.writeState.Store(bodyWriting)
 		go func() {
 			werr := c.writeBody(body, cl, chunked, true)
 			if werr == nil {
@@ -505,6 +521,17 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks, order
 				// answer to it, and say why.
 				c.writeErr.Store(&werr)
 				c.nc.SetReadDeadline(aLongTimeAgo)
+			}
+			if !c.writeState.CompareAndSwap(bodyWriting, bodyWritten) {
+				// The response ended first and left the connection to
+				// this write (h1Body.end): it goes back to the pool
+				// once its request has left whole.
+				if werr == nil {
+					c.nc.SetWriteDeadline(time.Time{})
+					c.p.put(c)
+				} else {
+					c.close()
+				}
 			}
 			wdone <- werr
 		}()
@@ -720,6 +747,9 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 				}
 			}
 		}
+		if err == io.EOF {
+			c.sourceDone.Store(true)
+		}
 		switch {
 		case err == io.EOF && chunked:
 			_, werr := c.bw.WriteString("0\r\n\r\n")
@@ -750,7 +780,10 @@ func (c *h1Conn) bodyEnds(body io.Reader) error {
 	switch {
 	case n > 0:
 		return fmt.Errorf("%w: request body longer than its Content-Length", ErrRequestInvalid)
-	case err == io.EOF || err == nil:
+	case err == io.EOF:
+		c.sourceDone.Store(true)
+		return nil
+	case err == nil:
 		return nil
 	}
 	return err
@@ -853,18 +886,17 @@ func (b *h1Body) end(clean bool) {
 		case b.c.bodySent.Load():
 			// Written whole: its goroutine is only reporting.
 			reuse = reuse && <-b.wdone == nil
-		case !b.c.readingSource.Load():
-			// Inside a write (on loopback the upstream can read the
-			// last piece and answer before the write call returns): give
-			// it a moment, not a hang on a full socket buffer.
-			t := time.NewTimer(50 * time.Millisecond)
-			select {
-			case err := <-b.wdone:
-				reuse = reuse && err == nil && b.c.bodySent.Load()
-			case <-t.C:
-				reuse = false
+		case b.c.sourceDone.Load() && reuse && b.c.br.Buffered() == 0:
+			// Inside the last write (on loopback the upstream can read
+			// the last piece and answer before the write call returns):
+			// its end is the event that frees the connection, and it may
+			// be slow (a full socket buffer), so the write puts the
+			// connection back itself, rather than the response's end
+			// waiting on it.
+			if b.handOff() {
+				return
 			}
-			t.Stop()
+			reuse = <-b.wdone == nil && b.c.bodySent.Load()
 		default:
 			// The upstream answered before it had the whole body, which
 			// still comes from its source: the connection cannot carry
@@ -878,6 +910,24 @@ func (b *h1Body) end(clean bool) {
 		return
 	}
 	b.c.close()
+}
+
+// handOff leaves the connection to the body's write still in flight, which
+// returns it to the pool when it has written the request's last bytes (or
+// closes it if it fails): nobody waits on it. The write gets the idle
+// timeout to end in (a connection that cannot take the rest of its request
+// in that time would have expired idle anyway). It reports false when the
+// write ended meanwhile: the caller then has its result in wdone.
+func (b *h1Body) handOff() bool {
+	c := b.c
+	// The deadline is set before the hand-off, so that it is never set on
+	// a connection the write has already put back in the pool.
+	c.nc.SetWriteDeadline(time.Now().Add(c.p.t.opts.IdleConnTimeout))
+	if c.writeState.CompareAndSwap(bodyWriting, bodyHandedOff) {
+		return true
+	}
+	c.nc.SetWriteDeadline(time.Time{})
+	return false
 }
 
 // h1Upgraded is the body of a 101 response: the connection itself.
