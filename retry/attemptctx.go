@@ -16,7 +16,7 @@ import (
 // for the deadline alone (the body is bounded by the deadline only).
 //
 // The runner hands it, with its trace (at), to HTTPTransport explicitly
-// (HTTPTransport.attempt): the HTTP/1.1 client registers its connection's
+// (HTTPTransport.send): the HTTP/1.1 client registers its connection's
 // interrupt with setHook rather than context.AfterFunc, and reports the
 // attempt's progress to at. Other code sees an ordinary context: Done
 // makes its channel on demand, and context.AfterFunc and children of it

@@ -124,15 +124,15 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 // RoundTrip runs one attempt, reporting to any httptrace.ClientTrace of
 // the request's context. It never retries.
 func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	return t.attempt(req, nil, nil)
+	return t.send(req, nil, nil)
 }
 
-// attempt runs one attempt of req. a, when the retry runner hands it, is
+// send runs one attempt of req. a, when the retry runner hands it, is
 // the attempt itself: the context that bounds it (req's) and the trace
 // its evidence goes to, reported directly rather than through httptrace.
 // order is the header field order (Exchange.FieldOrder; nil: by name),
 // which HTTP/2 ignores. It never retries.
-func (t *HTTPTransport) attempt(req *http.Request, a *attemptCtx, order []string) (*http.Response, error) {
+func (t *HTTPTransport) send(req *http.Request, a *attemptCtx, order []string) (*http.Response, error) {
 	if req.URL == nil {
 		return nil, errors.New("request without URL")
 	}

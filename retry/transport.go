@@ -633,7 +633,7 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 	var resp *http.Response
 	var err error
 	if r.ht != nil {
-		resp, err = r.ht.attempt(areq, &ar.ctx, r.order)
+		resp, err = r.ht.send(areq, &ar.ctx, r.order)
 	} else {
 		resp, err = r.base.RoundTrip(areq)
 	}
