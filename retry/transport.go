@@ -33,9 +33,10 @@ const DefaultKeepBody = 64 << 10
 
 // Exchange is one request handed to the retry layer: everything its
 // attempts need, given explicitly by the caller. The node proxy builds one
-// per request and calls Runner.Run with it; Transport builds one from its
-// own fields for a Go program. Nothing of the caller is reached through
-// the request's context or through callbacks: the context only cancels.
+// per request and calls Runner.Run with it (Transport makes the same run
+// from its own fields, for Go programs). Nothing of the caller is reached
+// through the request's context or through callbacks: the context only
+// cancels.
 //
 // An Exchange is run once and must not be copied once run: it also holds
 // the run's state (its trace, its first attempt), so that the caller's one
