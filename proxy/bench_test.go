@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egret-proxy/egret/retry"
 )
 
 // BenchmarkKeepAliveGet: keep-alive GETs through the proxy in explicit mode.
@@ -157,12 +159,13 @@ func BenchmarkProxySideGetLogged(b *testing.B) {
 // cannedRunner answers every request 200 with a two-byte body.
 type cannedRunner struct{}
 
-func (cannedRunner) RoundTrip(req *http.Request) (*http.Response, error) {
+func (cannedRunner) Run(x *retry.Exchange) retry.Result {
+	req := x.Request
 	if req.Body != nil {
 		io.Copy(io.Discard, req.Body)
 		req.Body.Close()
 	}
-	return &http.Response{
+	return retry.Result{Response: &http.Response{
 		Status: "200 OK", StatusCode: 200, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: http.Header{
 			"Content-Type":   {"text/plain; charset=utf-8"},
@@ -172,7 +175,7 @@ func (cannedRunner) RoundTrip(req *http.Request) (*http.Response, error) {
 		ContentLength: 2,
 		Body:          io.NopCloser(strings.NewReader("ok")),
 		Request:       req,
-	}, nil
+	}}
 }
 
 func benchProxySide(b *testing.B, log *slog.Logger) {

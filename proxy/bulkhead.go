@@ -50,6 +50,17 @@ func (b *Bulkhead) Rejected() uint64 { return b.rejected.Load() }
 // Acquire takes a permit, waiting at most the bulkhead's wait and the
 // context. release gives it back; calling it more than once is harmless.
 func (b *Bulkhead) Acquire(ctx context.Context) (release func(), err error) {
+	if err := b.Enter(ctx); err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(b.Leave) }, nil
+}
+
+// Enter takes a permit for one attempt (the retry runner's
+// retry.Bulkhead), waiting at most the bulkhead's wait and the context.
+// Each Enter that succeeds is matched by one Leave.
+func (b *Bulkhead) Enter(ctx context.Context) error {
 	if b.sem != nil {
 		select {
 		case b.sem <- struct{}{}:
@@ -59,20 +70,20 @@ func (b *Bulkhead) Acquire(ctx context.Context) (release func(), err error) {
 				if b.onReject != nil {
 					b.onReject()
 				}
-				return nil, err
+				return err
 			}
 		}
 	}
 	b.inUse.Add(1)
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			b.inUse.Add(-1)
-			if b.sem != nil {
-				<-b.sem
-			}
-		})
-	}, nil
+	return nil
+}
+
+// Leave gives back the permit an Enter took.
+func (b *Bulkhead) Leave() {
+	b.inUse.Add(-1)
+	if b.sem != nil {
+		<-b.sem
+	}
 }
 
 func (b *Bulkhead) wait(ctx context.Context) error {

@@ -327,7 +327,7 @@ func (c *conn) next() bool {
 		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
 		return false
 	}
-	req, err := parseHead(head)
+	req, order, err := parseHead(head)
 	if err != nil {
 		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
 		return false
@@ -338,7 +338,7 @@ func (c *conn) next() bool {
 		c.shutdownAnswer(req, newRequestID(), start, "egret shut down as the request came")
 		return false
 	}
-	keep := c.handle(req, head, start)
+	keep := c.handle(req, order, head, start)
 	c.linger = !keep
 	return keep
 }

@@ -42,50 +42,20 @@ const (
 	HeaderTimeoutMs = "Egret-Timeout-Ms"
 )
 
-// Exchange is one proxied request on its way upstream; the attempt
-// runner's hooks find it in the request's context (ExchangeFrom).
-type Exchange struct {
+// exchange is one forwarded request on its way upstream, in one
+// allocation: who the upstream is, the one value handed to the retry
+// layer (rx: the outgoing request, its policy, the base transport, the
+// field order, the bulkhead), the upstream URL and request, and the
+// values of the header fields the proxy adds.
+type exchange struct {
 	ID string
 	// Identity is who the upstream is, decided once when the request
 	// came, with the policy entry that applies (Identity.Upstream).
 	Identity Identity
-	Policy   retry.Policy
-	Bulkhead *Bulkhead
-	base     http.RoundTripper
-}
-
-type exchangeKey struct{}
-
-// ExchangeFrom returns the exchange a request belongs to, nil if none.
-func ExchangeFrom(ctx context.Context) *Exchange {
-	x, _ := ctx.Value(exchangeKey{}).(*Exchange)
-	return x
-}
-
-// exchange is what one forwarded request needs besides its http.Request,
-// in one allocation: the Exchange, the context that carries it, the
-// upstream URL and the values of the header fields the proxy adds.
-type exchange struct {
-	Exchange
-	ctx  exchangeCtx
-	url  url.URL
-	vals [2]string
-	req  http.Request // the upstream request (outgoing), in this allocation
-}
-
-// exchangeCtx is the context of an upstream request: the server's, with
-// its Exchange as the value of exchangeKey (as context.WithValue would
-// make it, without an allocation of its own).
-type exchangeCtx struct {
-	context.Context
-	x *Exchange
-}
-
-func (c *exchangeCtx) Value(key any) any {
-	if _, ok := key.(exchangeKey); ok {
-		return c.x
-	}
-	return c.Context.Value(key)
+	rx       retry.Exchange
+	url      url.URL
+	vals     [2]string
+	req      http.Request // the upstream request (outgoing), in this allocation
 }
 
 // Request ids: a random base chosen at start, plus a count, through a
@@ -128,8 +98,12 @@ type target struct {
 }
 
 // handle serves one parsed request and reports whether the connection may
-// carry another.
-func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
+// carry another. order is its header field names as sent (parseHead).
+// It reads top to bottom: where the request goes (target), who the
+// upstream is and its policy (identify), the body, then one call to the
+// retry layer (Runner.Run, the attempts and the engine's decisions), then
+// the answer (relay or answerFailure).
+func (c *conn) handle(req *http.Request, order []string, head []byte, start time.Time) bool {
 	cfg := &c.s.cfg
 	id := newRequestID()
 	if cfg.Mode == Transparent && (req.Method == http.MethodConnect || req.URL.IsAbs()) {
@@ -236,28 +210,29 @@ func (c *conn) handle(req *http.Request, head []byte, start time.Time) bool {
 		defer body.Release()
 	}
 
-	st := &exchange{Exchange: Exchange{
-		ID:       id,
-		Identity: ident,
-		Policy:   rp,
-		Bulkhead: cfg.Bulkheads.Get(ident.Budget, up.Bulkhead),
-	}}
-	x := &st.Exchange
-	x.base, err = c.s.bases.get(up, ident.Host)
+	// The one value handed to the retry layer.
+	x := &exchange{ID: id, Identity: ident}
+	x.rx.Policy = rp
+	x.rx.FieldOrder = order
+	if b := cfg.Bulkheads.Get(ident.Budget, up.Bulkhead); b != nil {
+		x.rx.Bulkhead = b
+	}
+	x.rx.Base, err = c.s.bases.get(up, ident.Host)
 	if err != nil {
 		c.refuse(req, id, start, http.StatusBadGateway, err.Error())
 		return false
 	}
-	out := c.outgoing(req, tg, body, st)
-	resp, err := c.s.runner.RoundTrip(out)
+	x.rx.Request = c.outgoing(req, tg, body, x)
+	res := c.s.runner.Run(&x.rx)
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
 	keep := !req.Close && !c.s.closing.Load() && (body == nil || body.Done())
-	if err != nil {
-		keep = c.answerFailure(req, x, err, start, keep)
+	if res.Err != nil {
+		keep = c.answerFailure(req, x, res, start, keep)
 	} else {
-		keep = c.relay(req, resp, x, start, keep)
+		keep = c.relay(req, x, res, start, keep)
 	}
+	c.s.putTrace(res.Trace) // complete: the response's body is closed
 	if body != nil && !body.Done() {
 		// The upstream did not read the whole one-shot body: the rest is
 		// still on the connection; the lingering close drains it, once the
@@ -460,38 +435,36 @@ func (r *deadlineReader) Read(p []byte) (int, error) {
 // request's, changed in place: the proxy reads no header of req after this,
 // and the request sent upstream (whose header the attempt runner owns from
 // now on) is the only user of it.
-func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, st *exchange) *http.Request {
-	x := &st.Exchange
+func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *exchange) *http.Request {
 	h := req.Header
 	req.Header = nil
 	removeHopHeaders(h)
 	delete(h, "Expect") // the proxy already has the body
-	st.vals[0] = x.ID
-	h[HeaderRequestID] = st.vals[0:1:1]
+	x.vals[0] = x.ID
+	h[HeaderRequestID] = x.vals[0:1:1]
 	if c.s.cfg.Mode == Explicit && c.s.cfg.Via != "" {
-		st.vals[1] = c.s.via(req.ProtoMajor, req.ProtoMinor)
+		x.vals[1] = c.s.via(req.ProtoMajor, req.ProtoMinor)
 		if vs := h["Via"]; len(vs) > 0 {
-			h["Via"] = append(vs, st.vals[1])
+			h["Via"] = append(vs, x.vals[1])
 		} else {
-			h["Via"] = st.vals[1:2:2]
+			h["Via"] = x.vals[1:2:2]
 		}
 	}
-	st.url = tg.url
+	x.url = tg.url
 	if x.Identity.Upstream.TLS.Enabled {
-		st.url.Scheme = "https"
+		x.url.Scheme = "https"
 	}
-	st.ctx = exchangeCtx{Context: c.s.ctx, x: x}
 	tmpl := http.Request{
 		Method:     req.Method,
-		URL:        &st.url,
+		URL:        &x.url,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,
 		ProtoMinor: 1,
 		Header:     h,
 		Host:       req.Host,
 	}
-	st.req = *tmpl.WithContext(&st.ctx) // WithContext's copy stays on the stack
-	out := &st.req
+	x.req = *tmpl.WithContext(c.s.ctx) // WithContext's copy stays on the stack; the server's context only cancels
+	out := &x.req
 	if c.s.cfg.Mode == Explicit {
 		out.Host = tg.url.Host
 	}
@@ -546,19 +519,19 @@ func attemptsOf(tr *retry.Trace, err error) int {
 
 // answerFailure answers a request that got no response to relay (spec
 // section 6).
-func (c *conn) answerFailure(req *http.Request, x *Exchange, err error, start time.Time, keep bool) bool {
+func (c *conn) answerFailure(req *http.Request, x *exchange, res retry.Result, start time.Time, keep bool) bool {
+	err, tr := res.Err, res.Trace
 	status, outcome := http.StatusBadGateway, engine.OutcomeFailed
-	var tr *retry.Trace
 	var ae *retry.AmbiguousError
 	var re *retry.Error
 	switch {
 	case errors.As(err, &ae):
-		status, outcome, tr = ae.Status, engine.OutcomeAmbiguous, ae.Trace
+		status, outcome = ae.Status, engine.OutcomeAmbiguous
 	case errors.As(err, &re):
 		// A request_invalid attempt is not_sent too: the spec answers
 		// every not-sent outcome 503, a request the runner could not
 		// send included.
-		status, outcome, tr = re.Status, re.Outcome, re.Trace
+		status, outcome = re.Status, re.Outcome
 	}
 	if status == 0 {
 		status = http.StatusBadGateway
@@ -600,9 +573,9 @@ func (c *conn) cutAfterHead(tr *retry.Trace, o engine.Outcome) engine.Outcome {
 // out with the body's first chunk, which the runner holds before it
 // returns a response: once relay writes, the body has begun (bodyBegun),
 // and Shutdown's cut can only reset the connection (see cutAfterHead).
-func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start time.Time, keep bool) bool {
+func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start time.Time, keep bool) bool {
+	resp, tr := res.Response, res.Trace
 	defer resp.Body.Close()
-	tr, traced := retry.TraceOf(resp)
 	n := attemptsOf(tr, nil)
 	// The upstream's header is written as it is minus what removeHopHeaders
 	// would remove and the headers the proxy writes itself, without a copy.
@@ -617,7 +590,7 @@ func (c *conn) relay(req *http.Request, resp *http.Response, x *Exchange, start 
 	// Egret-Outcome on a relayed response is the runner's mark of an
 	// ambiguous status, never the upstream's own header.
 	ambiguous := get(HeaderOutcome) == engine.OutcomeAmbiguous.String()
-	if traced {
+	if tr != nil {
 		ambiguous = tr.Outcome == engine.OutcomeAmbiguous
 	}
 	outcome := outcomeLabel(ambiguous)
@@ -795,7 +768,7 @@ func namedBy(conns []string, k string) bool {
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-func (c *conn) logOutcome(req *http.Request, x *Exchange, attempts int, outcome string, status int, start time.Time, err error, tr *retry.Trace) {
+func (c *conn) logOutcome(req *http.Request, x *exchange, attempts int, outcome string, status int, start time.Time, err error, tr *retry.Trace) {
 	reason, denied := lastDecision(tr)
 	c.logRequest(requestLog{id: x.ID, method: req.Method, u: req.URL, upstream: x.Identity.Budget,
 		attempts: attempts, outcome: outcome, reason: reason, denied: denied, status: status, start: start, e: err})
@@ -882,7 +855,6 @@ func (c *conn) upgradeHead(req *http.Request, tg target) []byte {
 	h := req.Header
 	upg := h["Upgrade"]
 	removeHopHeaders(h)
-	delete(h, retry.FieldOrderKey) // written here sorted by name
 	h["Connection"] = []string{"Upgrade"}
 	h["Upgrade"] = upg
 	if chunked(req) {

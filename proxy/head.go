@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/egret-proxy/egret/internal/h1"
-	"github.com/egret-proxy/egret/retry"
 )
 
 // Errors of reading a client request; each maps to the status the client is
@@ -111,15 +110,19 @@ func requestError(err error) error {
 // refused (net/http joins the lines). Unlike net/http it does not add
 // Cache-Control: no-cache to a request with Pragma: no-cache: the proxy
 // forwards the header it was sent.
-func parseHead(head []byte) (*http.Request, error) {
-	req, err := parseRequest(head)
+//
+// It returns the header field names as sent, one per field line, in the
+// order sent: the order the fields go upstream in (retry.Exchange's
+// FieldOrder).
+func parseHead(head []byte) (*http.Request, []string, error) {
+	req, order, err := parseRequest(head)
 	// Content-Length with Transfer-Encoding is refused before anything
 	// else is looked at: h1.Frame checks it once there are fields; when
 	// parsing failed before, the field lines are looked for here.
 	if err != nil && !errors.Is(err, ErrLengthAndChunked) && lengthAndChunked(head) {
-		return nil, ErrLengthAndChunked
+		return nil, nil, ErrLengthAndChunked
 	}
-	return req, err
+	return req, order, err
 }
 
 // lengthAndChunked reports whether head has both a Content-Length and a
@@ -147,12 +150,12 @@ func lengthAndChunked(head []byte) bool {
 // parseRequest is parseHead but for the Content-Length with
 // Transfer-Encoding rule. Its checks come in net/http's order, so that a
 // head that breaks two rules gets the status of the first.
-func parseRequest(head []byte) (*http.Request, error) {
+func parseRequest(head []byte) (*http.Request, []string, error) {
 	s := string(head) // the one copy: methods, targets, names and values are parts of it
 	line, rest := h1.CutLine(s)
 	rl, err := h1.ParseRequestLine(line)
 	if err != nil {
-		return nil, requestError(err)
+		return nil, nil, requestError(err)
 	}
 	method, uri := rl.Method, rl.Target
 	// CONNECT names an authority (host:port), or a path as net/rpc does.
@@ -163,7 +166,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 	}
 	u, err := url.ParseRequestURI(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		return nil, nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	if authority {
 		u.Scheme = ""
@@ -171,11 +174,11 @@ func parseRequest(head []byte) (*http.Request, error) {
 
 	h, order, badName, err := h1.ParseFields(rest, true)
 	if err != nil {
-		return nil, requestError(err)
+		return nil, nil, requestError(err)
 	}
 	_, hasTE := h["Transfer-Encoding"]
 	if _, hasCL := h["Content-Length"]; hasCL && hasTE {
-		return nil, ErrLengthAndChunked
+		return nil, nil, ErrLengthAndChunked
 	}
 	req := &http.Request{
 		Method:     method,
@@ -189,7 +192,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 		RequestURI: uri,
 	}
 	if hosts := h["Host"]; len(hosts) > 1 {
-		return nil, fmt.Errorf("%w: too many Host headers", ErrBadRequest)
+		return nil, nil, fmt.Errorf("%w: too many Host headers", ErrBadRequest)
 	} else if req.Host == "" && len(hosts) == 1 {
 		req.Host = hosts[0]
 	}
@@ -197,7 +200,7 @@ func parseRequest(head []byte) (*http.Request, error) {
 
 	f, err := h1.Frame(h, rl.Major, rl.Minor, true)
 	if err != nil {
-		return nil, requestError(err)
+		return nil, nil, requestError(err)
 	}
 	req.ContentLength = f.Length
 	if f.Length < 0 {
@@ -209,21 +212,20 @@ func parseRequest(head []byte) (*http.Request, error) {
 	}
 
 	if badName != "" {
-		return nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, badName)
+		return nil, nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, badName)
 	}
 	if rl.Major != 1 {
-		return nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, rl.Proto)
+		return nil, nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, rl.Proto)
 	}
 	if f.Coded && !f.Chunked {
 		// HTTP/1.0 has no transfer codings: net/http answers 501.
-		return nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
+		return nil, nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
 	}
 	if e := field(h, "Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
-		return nil, fmt.Errorf("%w: %q", ErrExpectation, e)
+		return nil, nil, fmt.Errorf("%w: %q", ErrExpectation, e)
 	}
 	delete(h, "Host") // it is req.Host, as net/http has it
-	h[retry.FieldOrderKey] = order
-	return req, nil
+	return req, order, nil
 }
 
 // canonicalKey is h1.CanonicalKey.

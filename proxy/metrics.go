@@ -17,7 +17,7 @@ import (
 // (requests as answered, passthrough, tunnels, bulkhead rejections, client
 // connections). Attempts, engine decisions and witness upgrades are the
 // attempt runner's, counted by the retry.Metrics in Config.RetryMetrics
-// (egret_retry_...) for every user of retry.Transport. One Metrics is
+// (egret_retry_...) for every user of retry.Runner. One Metrics is
 // shared by all the servers of a node (one per pod). A nil *Metrics
 // records nothing.
 type Metrics struct {

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -213,23 +212,6 @@ func TestRequestIDs(t *testing.T) {
 		}
 		seen[id] = true
 	}
-}
-
-func TestExchangeContext(t *testing.T) {
-	x := &Exchange{ID: "x"}
-	type other struct{}
-	parent, cancel := context.WithCancel(context.WithValue(context.Background(), other{}, 1))
-	ec := &exchangeCtx{Context: parent, x: x}
-	if ExchangeFrom(ec) != x {
-		t.Fatal("ExchangeFrom: not the exchange")
-	}
-	child, stop := context.WithTimeout(ec, time.Hour)
-	defer stop()
-	if ExchangeFrom(child) != x || child.Value(other{}) != 1 {
-		t.Fatal("a derived context lost a value")
-	}
-	cancel()
-	<-child.Done() // the parent's cancellation reaches contexts derived from it
 }
 
 // lockedBuffer is a bytes.Buffer safe for a logger and a test.

@@ -1,20 +1,18 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
-	"net/http"
 	"sync"
 
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
 )
 
-// bases holds the one-attempt transports (retry.HTTPTransport) the runner
-// dispatches attempts on: one per way of speaking to upstreams (protocol,
-// TLS settings), so that connections are pooled per upstream setting and
-// dialled through the server's DialFunc.
+// bases holds the one-attempt transports (retry.HTTPTransport) a request's
+// attempts run on (retry.Exchange.Base): one per way of speaking to
+// upstreams (protocol, TLS settings), so that connections are pooled per
+// upstream setting and dialled through the server's DialFunc.
 type bases struct {
 	dial DialFunc
 	mu   sync.Mutex
@@ -33,7 +31,7 @@ func newBases(dial DialFunc) *bases {
 // configuration: when a reloaded policy read new files (a rotated CA or
 // client certificate), a new transport is made, and the idle connections
 // of the one it replaces are closed.
-func (b *bases) get(u *policy.Upstream, host string) (http.RoundTripper, error) {
+func (b *bases) get(u *policy.Upstream, host string) (*retry.HTTPTransport, error) {
 	key, slot, serverName := string(u.Protocol), "", ""
 	if u.TLS.Enabled {
 		if u.TLSConfigID() == "" {
@@ -81,54 +79,20 @@ func (b *bases) closeIdle() {
 	}
 }
 
-// baseRouter is the runner's base transport: it sends each attempt on the
-// transport chosen for the request's exchange.
-type baseRouter struct{}
-
-func (baseRouter) RoundTrip(req *http.Request) (*http.Response, error) {
-	x := ExchangeFrom(req.Context())
-	if x == nil || x.base == nil {
-		return nil, errors.New("proxy: request without an exchange")
-	}
-	return x.base.RoundTrip(req)
+// Runner runs one exchange's attempts: *retry.Runner, or a stand-in in
+// tests of the server alone (Config.Runner).
+type Runner interface {
+	Run(*retry.Exchange) retry.Result
 }
 
-// newRunner builds the attempt runner: a retry.Transport whose hooks are
-// the server's (policy of the request's exchange, bulkhead, draining, trace
-// store), counting into Config.RetryMetrics.
-func (s *Server) newRunner() http.RoundTripper {
-	return &retry.Transport{
-		Base:     baseRouter{},
+// newRunner builds the attempt runner: the node's budgets, the witness,
+// the server's draining flag and the retry metrics. Everything else comes
+// with each request's retry.Exchange (handle).
+func (s *Server) newRunner() Runner {
+	return &retry.Runner{
 		Budgets:  s.cfg.Budgets,
 		Witness:  s.cfg.Witness,
-		Draining: s.Draining,
-		Policy: func(req *http.Request) retry.Policy {
-			if x := ExchangeFrom(req.Context()); x != nil {
-				return x.Policy
-			}
-			return retry.DefaultPolicy("")
-		},
-		Acquire: func(ctx context.Context, upstream string) (func(), error) {
-			var b *Bulkhead
-			if x := ExchangeFrom(ctx); x != nil && x.Bulkhead != nil {
-				b = x.Bulkhead
-			} else {
-				b = s.cfg.Bulkheads.Lookup(upstream)
-			}
-			if b == nil {
-				return func() {}, nil
-			}
-			return b.Acquire(ctx)
-		},
-		OnTrace: s.putTrace,
-		Metrics: s.cfg.RetryMetrics,
+		Draining: &s.draining,
+		Metrics:  s.cfg.RetryMetrics,
 	}
 }
-
-var _ http.RoundTripper = baseRouter{}
-
-// TracesAttempts: each base is a retry.HTTPTransport, which reports the
-// attempts it runs to the runner directly (retry.DirectTracing).
-func (baseRouter) TracesAttempts() bool { return true }
-
-var _ retry.DirectTracing = baseRouter{}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -209,8 +208,8 @@ type Config struct {
 	RequestReadTimeout time.Duration
 
 	// Runner, when set, replaces the retry runner (tests of the server
-	// alone). It receives requests whose context carries the Exchange.
-	Runner http.RoundTripper
+	// alone). It is handed each request's retry.Exchange.
+	Runner Runner
 }
 
 // via is the Via field value the proxy adds to a request of version
@@ -275,7 +274,7 @@ func (c *Config) setDefaults() {
 // listeners.
 type Server struct {
 	cfg    Config
-	runner http.RoundTripper
+	runner Runner
 	bases  *bases
 
 	draining atomic.Bool

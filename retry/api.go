@@ -1,17 +1,24 @@
-// Package retry applies egret's retry engine to Go programs: Transport is an
-// http.RoundTripper that wraps another one, runs attempts, gathers the
-// evidence of each (stage reached, transport error, kernel witness), asks
-// engine.Decide, waits, and tells the truth when it stops. The node proxy
-// runs its upstream attempts through the same Transport.
+// Package retry applies egret's retry engine to HTTP requests: it runs a
+// request's attempts, gathers the evidence of each (stage reached,
+// transport error, kernel witness), asks engine.Decide, waits, and tells
+// the truth when it stops.
+//
+// One call is the seam: Runner.Run takes one Exchange (the request, its
+// policy, the base transport, the header field order, the bulkhead) and
+// returns one Result (a response or an error, and the trace with the
+// engine's outcome). The node proxy calls it once per request; Transport,
+// an http.RoundTripper, makes the Exchange for Go programs.
 //
 // The pieces:
-//   - Transport (transport.go): the attempt loop, budget, waits, bodies,
-//     the response's first-chunk peek, outcomes (*Error, *AmbiguousError).
-//   - classify.go: evidence from httptrace and the error, and the witness's
-//     before/after snapshots.
-//   - HTTPTransport (httptransport.go): the one-attempt Base: net/http's
-//     pooled HTTP/1.1, and HTTP/2 (h2c prior knowledge, ALPN h2) on its own
-//     pool so that nothing is replayed behind the engine's back.
+//   - Runner, Exchange, Transport (transport.go): the attempt loop,
+//     budget, waits, bodies, the response's first-chunk peek, outcomes
+//     (*Error, *AmbiguousError).
+//   - classify.go: evidence from the attempt's progress and the error, and
+//     the witness's before/after snapshots.
+//   - HTTPTransport (httptransport.go): the one-attempt Base, handed each
+//     attempt by the runner (send): its own HTTP/1.1 client (h1.go), and
+//     HTTP/2 (h2c prior knowledge, ALPN h2) on its own pool of net/http
+//     connections, so that nothing is replayed behind the engine's back.
 //   - witnessConn (witnessconn.go): the upstream socket wrapper that freezes
 //     at a failure so that the kernel's counters can prove not_sent.
 //

@@ -8,15 +8,17 @@ import (
 
 // attemptCtx is the context of one attempt. It does in one value, without
 // allocations of its own, what three contexts and two timers did: it
-// carries the attempt's trace (attemptKey), ends when the caller's context
+// ends when the caller's context
 // ends, when the per-attempt timeout passes before the response head has
 // come (cause errAttemptTimeout), and when the request's overall deadline
 // passes (cause context.DeadlineExceeded). One timer serves both bounds:
 // it is armed for the sooner of the two and, once the head is in, re-armed
 // for the deadline alone (the body is bounded by the deadline only).
 //
-// The HTTP/1.1 client registers its connection's interrupt with setHook
-// rather than context.AfterFunc. Other code sees an ordinary context: Done
+// The runner hands it, with its trace (at), to HTTPTransport explicitly
+// (HTTPTransport.send): the HTTP/1.1 client registers its connection's
+// interrupt with setHook rather than context.AfterFunc, and reports the
+// attempt's progress to at. Other code sees an ordinary context: Done
 // makes its channel on demand, and context.AfterFunc and children of it
 // use its AfterFunc method (no goroutine per child).
 //
@@ -112,12 +114,7 @@ func (a *attemptCtx) Err() error {
 	return a.err
 }
 
-func (a *attemptCtx) Value(key any) any {
-	if _, ok := key.(attemptKey); ok {
-		return a.at
-	}
-	return a.parent.Value(key)
-}
+func (a *attemptCtx) Value(key any) any { return a.parent.Value(key) }
 
 // Cause is the reason the attempt ended: errAttemptTimeout, the deadline,
 // the parent's cause; nil while it runs.

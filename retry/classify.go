@@ -23,9 +23,6 @@ var errAttemptTimeout = errors.New("attempt timeout")
 // net/http's goroutines, hence the lock.
 type attemptTrace struct {
 	w witness.Witness
-	// viaHTTPTrace: the hooks are in the request's context as an
-	// httptrace.ClientTrace (the base does not report directly).
-	viaHTTPTrace bool
 
 	mu                        sync.Mutex
 	dnsStart, dnsDone         bool
@@ -51,7 +48,8 @@ type attemptTrace struct {
 }
 
 // clientTrace gives the attempt's hooks to net/http/httptrace, for the
-// bases that do not report to the attempt directly (see DirectTracing).
+// code that reports through it only: a Base other than HTTPTransport,
+// dialers, HTTP/2.
 func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{
 		DNSStart: func(httptrace.DNSStartInfo) { a.mu.Lock(); a.dnsStart = true; a.mu.Unlock() },
@@ -78,25 +76,6 @@ func (a *attemptTrace) clientTrace() *httptrace.ClientTrace {
 		WroteHeaders: a.wroteHeadersHook,
 		WroteRequest: a.wroteReq,
 	}
-}
-
-// attemptKey carries the attempt's trace in its request's context.
-type attemptKey struct{}
-
-// attemptOf returns the trace of the attempt ctx belongs to, nil if none.
-func attemptOf(ctx context.Context) *attemptTrace {
-	a, _ := ctx.Value(attemptKey{}).(*attemptTrace)
-	return a
-}
-
-// withHTTPTrace returns ctx with the attempt's httptrace hooks, for the
-// code that reports through httptrace only (dialers, HTTP/2), and whether
-// it added them (false: ctx as it was).
-func withHTTPTrace(ctx context.Context) (context.Context, bool) {
-	if a := attemptOf(ctx); a != nil && !a.viaHTTPTrace {
-		return httptrace.WithClientTrace(ctx, a.clientTrace()), true
-	}
-	return ctx, false
 }
 
 func (a *attemptTrace) wroteHeadersHook() {

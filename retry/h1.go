@@ -24,6 +24,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/h1"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // Why an HTTP/1.1 client of our own rather than net/http's Transport: an
@@ -100,12 +101,26 @@ type h1Conn struct {
 	bodySent atomic.Bool
 	// readingSource: that goroutine waits on the body's source.
 	readingSource atomic.Bool
+	// sourceDone: that goroutine has read the source to its end; what is
+	// left is to write it.
+	sourceDone atomic.Bool
+	// writeState: that goroutine is writing (bodyWriting), has ended
+	// (bodyWritten), or was handed the connection by the response's end
+	// (bodyHandedOff, see h1Body.end).
+	writeState atomic.Int32
 	// writeErr: that goroutine failed before the response head came, and
 	// stopped its read.
 	writeErr atomic.Pointer[error]
 	// one is bodyEnds' read past a sized body (a local would escape).
 	one [1]byte
 }
+
+// h1Conn.writeState values.
+const (
+	bodyWriting int32 = iota
+	bodyWritten
+	bodyHandedOff
+)
 
 // limitedReader reads the connection, failing once more than n bytes were
 // read while n >= 0 (the response head's limit); n < 0: no limit.
@@ -308,14 +323,15 @@ func (p *h1Pool) closeIdle() {
 	}
 }
 
-// dial opens a new connection for key.
-func (p *h1Pool) dial(ctx context.Context, key poolKey) (*h1Conn, error) {
+// dial opens a new connection for key; w is the witness of the attempt
+// it is dialled for (nil: none).
+func (p *h1Pool) dial(ctx context.Context, key poolKey, w witness.Witness) (*h1Conn, error) {
 	var nc net.Conn
 	var err error
 	if key.scheme == "https" {
-		nc, err = p.t.dialTLSH1(ctx, "tcp", key.addr)
+		nc, err = p.t.dialTLSH1(ctx, "tcp", key.addr, w)
 	} else {
-		nc, err = p.t.dialPlain(ctx, "tcp", key.addr)
+		nc, err = p.t.dialPlain(ctx, "tcp", key.addr, w)
 	}
 	if err != nil {
 		if p.t.opts.MaxConnsPerHost > 0 {
@@ -331,18 +347,20 @@ func (p *h1Pool) dial(ctx context.Context, key poolKey) (*h1Conn, error) {
 	return c, nil
 }
 
-// roundTrip runs one attempt of req on an HTTP/1.1 connection. It never
-// retries and never moves the request to another connection.
-func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
-	if err := validHeader(req); err != nil {
+// roundTrip runs one attempt of req on an HTTP/1.1 connection, its header
+// fields in order (see writeFields). a is the runner's attempt (nil: none,
+// when HTTPTransport is used on its own). It never retries and never moves
+// the request to another connection.
+func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*http.Response, error) {
+	if err := validHeader(req, order); err != nil {
 		return nil, err
 	}
 	addr := canonicalAddr(req.URL)
 	key := poolKey{req.URL.Scheme, addr}
 	ctx := req.Context()
-	h := hooks{at: attemptOf(ctx), ct: httptrace.ContextClientTrace(ctx)}
-	if h.at != nil && h.at.viaHTTPTrace {
-		h.at = nil // it is in ct
+	h := hooks{a: a, ct: httptrace.ContextClientTrace(ctx)}
+	if a != nil {
+		h.at = a.at
 	}
 	if h.ct != nil && h.ct.GetConn != nil {
 		h.ct.GetConn(addr)
@@ -352,8 +370,14 @@ func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if c == nil {
-		dctx, _ := withHTTPTrace(ctx)
-		if c, err = p.dial(dctx, key); err != nil {
+		// The dialers (net.Dialer's DNS and connect, tracedDial, the TLS
+		// handshake) report through httptrace only.
+		dctx := ctx
+		var w witness.Witness
+		if h.at != nil {
+			dctx, w = httptrace.WithClientTrace(ctx, h.at.clientTrace()), h.at.w
+		}
+		if c, err = p.dial(dctx, key, w); err != nil {
 			return nil, err
 		}
 	}
@@ -362,12 +386,14 @@ func (p *h1Pool) roundTrip(req *http.Request) (*http.Response, error) {
 		info.WasIdle, info.IdleTime = true, time.Since(c.idleAt)
 	}
 	h.gotConn(info)
-	return c.exchange(ctx, req, h)
+	return c.exchange(ctx, req, h, order)
 }
 
-// hooks are what an exchange reports to: the retry Transport's attempt
-// directly, and any httptrace.ClientTrace of the request's context.
+// hooks are what an exchange reports to: the runner's attempt (a, its
+// trace at) directly, and any httptrace.ClientTrace of the request's
+// context.
 type hooks struct {
+	a  *attemptCtx
 	at *attemptTrace
 	ct *httptrace.ClientTrace
 }
@@ -406,11 +432,12 @@ func (h hooks) firstByte() {
 	}
 }
 
-// causeOf is err, or the cause of ctx when ctx is done (its end interrupted
-// the I/O that failed).
-func causeOf(ctx context.Context, err error) error {
-	if ac, ok := ctx.(*attemptCtx); ok {
-		if c := ac.Cause(); c != nil {
+// causeOf is err, or the cause of the exchange's end when it ended (its
+// end interrupted the I/O that failed): the attempt's (a) when the runner
+// runs it, else ctx's.
+func causeOf(a *attemptCtx, ctx context.Context, err error) error {
+	if a != nil {
+		if c := a.Cause(); c != nil {
 			return c
 		}
 		return err
@@ -422,16 +449,17 @@ func causeOf(ctx context.Context, err error) error {
 }
 
 // ctxWatch is an exchange's registration of its connection's interrupt
-// with its context: directly with an attempt's, else by context.AfterFunc.
+// with its end: directly with the runner's attempt (a), else with ctx by
+// context.AfterFunc.
 type ctxWatch struct {
 	ac   *attemptCtx
 	stop func() bool
 }
 
-func watch(ctx context.Context, interrupt func()) ctxWatch {
-	if ac, ok := ctx.(*attemptCtx); ok {
-		ac.setHook(interrupt)
-		return ctxWatch{ac: ac}
+func watch(a *attemptCtx, ctx context.Context, interrupt func()) ctxWatch {
+	if a != nil {
+		a.setHook(interrupt)
+		return ctxWatch{ac: a}
 	}
 	return ctxWatch{stop: context.AfterFunc(ctx, interrupt)}
 }
@@ -450,19 +478,19 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // exchange writes req and reads the response head. On success the response
 // body owns the connection: it returns it to the pool at its end.
-func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*http.Response, error) {
-	w := watch(ctx, c.interrupt)
+func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks, order []string) (*http.Response, error) {
+	w := watch(h.a, ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
 		w.release()
 		c.close()
-		return nil, causeOf(ctx, err)
+		return nil, causeOf(h.a, ctx, err)
 	}
 
 	body, cl, chunked, err := outgoingBody(req)
 	if err != nil {
 		return fail(err)
 	}
-	c.writeHead(req, cl, chunked)
+	c.writeHead(req, order, cl, chunked)
 	h.wroteHeaders()
 	var wdone chan error
 	var headRead atomic.Bool
@@ -486,6 +514,8 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 		}
 		wdone = make(chan error, 1)
 		c.bodySent.Store(false)
+		c.sourceDone.Store(false)
+		c.writeState.Store(bodyWriting)
 		go func() {
 			werr := c.writeBody(body, cl, chunked, true)
 			if werr == nil {
@@ -500,6 +530,17 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 				// answer to it, and say why.
 				c.writeErr.Store(&werr)
 				c.nc.SetReadDeadline(aLongTimeAgo)
+			}
+			if !c.writeState.CompareAndSwap(bodyWriting, bodyWritten) {
+				// The response ended first and left the connection to
+				// this write (h1Body.end): it goes back to the pool
+				// once its request has left whole.
+				if werr == nil {
+					c.nc.SetWriteDeadline(time.Time{})
+					c.p.put(c)
+				} else {
+					c.close()
+				}
 			}
 			wdone <- werr
 		}()
@@ -528,7 +569,7 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks) (*htt
 		resp.Body = &h1Upgraded{c: c}
 		return resp, nil
 	}
-	resp.Body = &h1Body{c: c, rc: resp.Body, watch: w, ctx: ctx, wdone: wdone,
+	resp.Body = &h1Body{c: c, rc: resp.Body, watch: w, a: h.a, ctx: ctx, wdone: wdone,
 		keep: !resp.Close && !req.Close}
 	return resp, nil
 }
@@ -564,20 +605,18 @@ func sendsZeroLength(method string) bool {
 }
 
 // validHeader refuses a request no upstream should see: a bad method, or a
-// header field name or value that is not valid HTTP.
-func validHeader(req *http.Request) error {
+// header field name (in its header or its field order) or value that is
+// not valid HTTP.
+func validHeader(req *http.Request, order []string) error {
 	if req.Method != "" && !validMethod(req.Method) {
 		return fmt.Errorf("%w: method %q", ErrRequestInvalid, req.Method)
 	}
-	for k, vv := range req.Header {
-		if k == FieldOrderKey {
-			for _, name := range vv {
-				if !httpguts.ValidHeaderFieldName(name) {
-					return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, name)
-				}
-			}
-			continue
+	for _, name := range order {
+		if !httpguts.ValidHeaderFieldName(name) {
+			return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, name)
 		}
+	}
+	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
 			return fmt.Errorf("%w: header field name %q", ErrRequestInvalid, k)
 		}
@@ -611,22 +650,13 @@ func validMethod(m string) bool {
 	return true
 }
 
-// FieldOrderKey is the key, in a request's Header, of the field names as
-// the client sent them, one per field line, in the order sent. The HTTP/1
-// writer writes the fields in that order and with those names; fields the
-// order does not name (added by the proxy, or values added to a field) follow
-// in a fixed order: by canonical name, values in order. The key is never
-// sent: it is no valid field name (like HTTP/2's pseudo-header fields), and
-// validHeader and the HTTP/2 path leave it out.
-const FieldOrderKey = ":field-order"
-
 // skipHeader: fields written from the request's own fields, never from
 // its header map.
-var skipHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true, FieldOrderKey: true}
+var skipHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
 
-// writeHead writes the request line and header fields to the connection's
-// buffer.
-func (c *h1Conn) writeHead(req *http.Request, cl int64, chunked bool) {
+// writeHead writes the request line and header fields (in order, see
+// writeFields) to the connection's buffer.
+func (c *h1Conn) writeHead(req *http.Request, order []string, cl int64, chunked bool) {
 	bw := c.bw
 	method := req.Method
 	if method == "" {
@@ -642,7 +672,7 @@ func (c *h1Conn) writeHead(req *http.Request, cl int64, chunked bool) {
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(requestHost(req))
 	bw.WriteString("\r\n")
-	writeFields(bw, req.Header)
+	writeFields(bw, req.Header, order)
 	switch {
 	case chunked:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -722,6 +752,9 @@ func (c *h1Conn) writeBody(body io.Reader, cl int64, chunked, stream bool) error
 				}
 			}
 		}
+		if err == io.EOF {
+			c.sourceDone.Store(true)
+		}
 		switch {
 		case err == io.EOF && chunked:
 			return h1.EndChunks(c.bw)
@@ -751,7 +784,10 @@ func (c *h1Conn) bodyEnds(body io.Reader) error {
 	switch {
 	case n > 0:
 		return fmt.Errorf("%w: request body longer than its Content-Length", ErrRequestInvalid)
-	case err == io.EOF || err == nil:
+	case err == io.EOF:
+		c.sourceDone.Store(true)
+		return nil
+	case err == nil:
 		return nil
 	}
 	return err
@@ -813,6 +849,7 @@ type h1Body struct {
 	c     *h1Conn
 	rc    io.ReadCloser
 	watch ctxWatch
+	a     *attemptCtx     // the runner's attempt, nil when none
 	ctx   context.Context // the exchange's: its cause explains an interrupted read
 	wdone chan error      // the body's write, when it ran beside the read
 	keep  bool
@@ -828,7 +865,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.end(true)
 	case err != nil:
-		err = causeOf(b.ctx, err)
+		err = causeOf(b.a, b.ctx, err)
 		b.end(false)
 	}
 	return n, err
@@ -853,18 +890,17 @@ func (b *h1Body) end(clean bool) {
 		case b.c.bodySent.Load():
 			// Written whole: its goroutine is only reporting.
 			reuse = reuse && <-b.wdone == nil
-		case !b.c.readingSource.Load():
-			// Inside a write (on loopback the upstream can read the
-			// last piece and answer before the write call returns): give
-			// it a moment, not a hang on a full socket buffer.
-			t := time.NewTimer(50 * time.Millisecond)
-			select {
-			case err := <-b.wdone:
-				reuse = reuse && err == nil && b.c.bodySent.Load()
-			case <-t.C:
-				reuse = false
+		case b.c.sourceDone.Load() && reuse && b.c.br.Buffered() == 0:
+			// Inside the last write (on loopback the upstream can read
+			// the last piece and answer before the write call returns):
+			// its end is the event that frees the connection, and it may
+			// be slow (a full socket buffer), so the write puts the
+			// connection back itself, rather than the response's end
+			// waiting on it.
+			if b.handOff() {
+				return
 			}
-			t.Stop()
+			reuse = <-b.wdone == nil && b.c.bodySent.Load()
 		default:
 			// The upstream answered before it had the whole body, which
 			// still comes from its source: the connection cannot carry
@@ -880,6 +916,24 @@ func (b *h1Body) end(clean bool) {
 	b.c.close()
 }
 
+// handOff leaves the connection to the body's write still in flight, which
+// returns it to the pool when it has written the request's last bytes (or
+// closes it if it fails): nobody waits on it. The write gets the idle
+// timeout to end in (a connection that cannot take the rest of its request
+// in that time would have expired idle anyway). It reports false when the
+// write ended meanwhile: the caller then has its result in wdone.
+func (b *h1Body) handOff() bool {
+	c := b.c
+	// The deadline is set before the hand-off, so that it is never set on
+	// a connection the write has already put back in the pool.
+	c.nc.SetWriteDeadline(time.Now().Add(c.p.t.opts.IdleConnTimeout))
+	if c.writeState.CompareAndSwap(bodyWriting, bodyHandedOff) {
+		return true
+	}
+	c.nc.SetWriteDeadline(time.Time{})
+	return false
+}
+
 // h1Upgraded is the body of a 101 response: the connection itself.
 type h1Upgraded struct{ c *h1Conn }
 
@@ -893,11 +947,12 @@ var (
 )
 
 // writeFields writes the fields of h but those of skipHeader: first as
-// h[FieldOrderKey] names them (in that order, with those names), then the
-// rest by canonical name. The n-th line naming a field (in any case) carries
-// its n-th value; a field no longer in h is left out.
-func writeFields(bw *bufio.Writer, h http.Header) {
-	order := h[FieldOrderKey]
+// order names them (the field names as the client sent them, one per
+// field line: in that order, with those names), then the rest (added by
+// the proxy, or values added to a field) by canonical name, values in
+// order. The n-th line naming a field (in any case) carries its n-th
+// value; a field no longer in h is left out.
+func writeFields(bw *bufio.Writer, h http.Header, order []string) {
 	for i, name := range order {
 		key := textproto.CanonicalMIMEHeaderKey(name)
 		if skipHeader[key] {

@@ -9,6 +9,8 @@ import (
 	"net/http/httptrace"
 	"sync"
 	"time"
+
+	"github.com/egret-proxy/egret/witness"
 )
 
 // h2Conn is one pooled HTTP/2 connection.
@@ -38,10 +40,12 @@ type h2Pool struct {
 }
 
 // h2Dial is one connection being made: done is closed when it ends, nc is
-// the connection ht's dialer returned (nil until then).
+// the connection ht's dialer returned (nil until then), w the witness of
+// the attempt it is made for (ht's dialer cannot be handed it).
 type h2Dial struct {
 	done chan struct{}
 	nc   net.Conn
+	w    witness.Witness
 }
 
 // errH1 says an https upstream chose http/1.1 by ALPN.
@@ -67,20 +71,19 @@ func newH2Pool(t *HTTPTransport) *h2Pool {
 	return p
 }
 
-func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.Response, error) {
+// roundTrip runs one attempt of req on a pooled HTTP/2 connection. a is
+// the runner's attempt (nil: none); order the field order, for the
+// HTTP/1.1 client should the upstream pick http/1.1 (HTTP/2 sends names in
+// lower case, in its own order).
+func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attemptCtx, order []string) (*http.Response, error) {
 	// net/http's HTTP/2 reports through httptrace only.
-	ctx, traced := withHTTPTrace(req.Context())
-	h2req := req
-	if traced || isEmptyBodyMarked(req) {
-		h2req = req.WithContext(ctx)
+	ctx, h2req := req.Context(), req
+	var w witness.Witness
+	if a != nil {
+		ctx, w = httptrace.WithClientTrace(ctx, a.at.clientTrace()), a.at.w
 	}
-	if _, ok := req.Header[FieldOrderKey]; ok {
-		// HTTP/2 sends names in lower case, in its own order.
-		if h2req == req {
-			h2req = req.WithContext(ctx)
-		}
-		h2req.Header = req.Header.Clone()
-		delete(h2req.Header, FieldOrderKey)
+	if a != nil || isEmptyBodyMarked(req) {
+		h2req = req.WithContext(ctx)
 	}
 	if isEmptyBodyMarked(req) {
 		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
@@ -93,9 +96,9 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.R
 	// A connection that became unusable before our stream was opened
 	// wrote nothing of this request: taking another one is not a retry.
 	for try := 0; ; try++ {
-		c, reused, err := p.get(ctx, addr, useTLS)
+		c, reused, err := p.get(ctx, addr, useTLS, w)
 		if errors.Is(err, errH1) {
-			return p.t.h1.roundTrip(req)
+			return p.t.h1.roundTrip(req, a, order)
 		}
 		if err != nil {
 			return nil, err
@@ -111,8 +114,9 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool) (*http.R
 	}
 }
 
-// get returns a connection with a stream reserved for the caller.
-func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool) (*h2Conn, bool, error) {
+// get returns a connection with a stream reserved for the caller; a
+// connection it dials is watched by w (nil: none).
+func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Witness) (*h2Conn, bool, error) {
 	for dials := 0; ; {
 		p.mu.Lock()
 		live := p.conns[addr][:0]
@@ -152,7 +156,7 @@ func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool) (*h2Conn, bo
 			return nil, false, fmt.Errorf("no HTTP/2 connection to %s takes a new stream", addr)
 		}
 		dials++
-		d := &h2Dial{done: make(chan struct{})}
+		d := &h2Dial{done: make(chan struct{}), w: w}
 		p.dialing[addr] = d
 		p.mu.Unlock()
 
@@ -201,7 +205,7 @@ func (p *h2Pool) dial(ctx context.Context, addr string, useTLS bool, d *h2Dial) 
 
 // dialPlain is ht's dialer for h2c.
 func (p *h2Pool) dialPlain(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := p.t.dialPlain(ctx, network, addr)
+	c, err := p.t.dialPlain(ctx, network, addr, p.witnessFor(addr))
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +216,7 @@ func (p *h2Pool) dialPlain(ctx context.Context, network, addr string) (net.Conn,
 // dialTLS is ht's dialer for https: a connection that negotiated anything
 // but h2 by ALPN goes to the HTTP/1.1 client instead (errH1).
 func (p *h2Pool) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
-	tc, err := p.t.dialTLS(ctx, network, addr, []string{"h2", "http/1.1"})
+	tc, err := p.t.dialTLS(ctx, network, addr, []string{"h2", "http/1.1"}, p.witnessFor(addr))
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +227,17 @@ func (p *h2Pool) dialTLS(ctx context.Context, network, addr string) (net.Conn, e
 	}
 	p.dialed(addr, tc)
 	return tc, nil
+}
+
+// witnessFor is the witness of the attempt addr's connection is being
+// made for.
+func (p *h2Pool) witnessFor(addr string) witness.Witness {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d := p.dialing[addr]; d != nil {
+		return d.w
+	}
+	return nil
 }
 
 // dialed records nc as the connection being made for addr, shared by the

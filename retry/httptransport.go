@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/internal/rawsock"
+	"github.com/egret-proxy/egret/witness"
 )
 
 // HTTPOptions configures the one-attempt transport built by NewHTTPTransport.
@@ -120,12 +121,18 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 	return t
 }
 
-// TracesAttempts reports that HTTPTransport reports attempts to a retry
-// Transport directly (DirectTracing).
-func (t *HTTPTransport) TracesAttempts() bool { return true }
-
-// RoundTrip runs one attempt. It never retries.
+// RoundTrip runs one attempt, reporting to any httptrace.ClientTrace of
+// the request's context. It never retries.
 func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.send(req, nil, nil)
+}
+
+// send runs one attempt of req. a, when the retry runner hands it, is
+// the attempt itself: the context that bounds it (req's) and the trace
+// its evidence goes to, reported directly rather than through httptrace.
+// order is the header field order (Exchange.FieldOrder; nil: by name),
+// which HTTP/2 ignores. It never retries.
+func (t *HTTPTransport) send(req *http.Request, a *attemptCtx, order []string) (*http.Response, error) {
 	if req.URL == nil {
 		return nil, errors.New("request without URL")
 	}
@@ -134,15 +141,15 @@ func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		switch req.URL.Scheme {
 		case "http":
 			if t.opts.H2C {
-				return t.h2.roundTrip(req, addr, false)
+				return t.h2.roundTrip(req, addr, false, a, order)
 			}
 		case "https":
 			if t.opts.HTTP2 && !t.knownH1(addr) {
-				return t.h2.roundTrip(req, addr, true)
+				return t.h2.roundTrip(req, addr, true, a, order)
 			}
 		}
 	}
-	return t.h1.roundTrip(req)
+	return t.h1.roundTrip(req, a, order)
 }
 
 // CloseIdleConnections closes every idle pooled connection.
@@ -159,8 +166,9 @@ func (t *HTTPTransport) knownH1(addr string) bool {
 	return ok && time.Now().Before(v.(time.Time))
 }
 
-// dialPlain opens a TCP connection wrapped for the witness.
-func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string) (net.Conn, error) {
+// dialPlain opens a TCP connection wrapped for the witness; w (nil: none)
+// is the witness of the attempt it is dialled for.
+func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string, w witness.Witness) (net.Conn, error) {
 	c, err := t.dial(ctx, network, addr)
 	if err == nil {
 		c = rawsock.Wrap(c)
@@ -169,8 +177,7 @@ func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string) (ne
 		return nil, &DialError{Op: "dial", Addr: addr, Err: err}
 	}
 	wc := newWitnessConn(c)
-	if a := attemptOf(ctx); a != nil && a.w != nil {
-		w := a.w
+	if w != nil {
 		// Armed from birth, so that a failure before the request is even
 		// handed to the connection leaves a snapshot.
 		wc.armAtBirth(w)
@@ -196,17 +203,17 @@ func tracedDial(dial func(ctx context.Context, network, addr string) (net.Conn, 
 
 // dialTLSH1 is net/http's TLS dialer: a connection that already negotiated
 // http/1.1 by ALPN first, else a new one offering only http/1.1.
-func (t *HTTPTransport) dialTLSH1(ctx context.Context, network, addr string) (net.Conn, error) {
+func (t *HTTPTransport) dialTLSH1(ctx context.Context, network, addr string, w witness.Witness) (net.Conn, error) {
 	if c := t.stash.take(addr); c != nil {
 		return c, nil
 	}
-	return t.dialTLS(ctx, network, addr, []string{"http/1.1"})
+	return t.dialTLS(ctx, network, addr, []string{"http/1.1"}, w)
 }
 
 // dialTLS opens a TCP connection and runs the TLS handshake on it, firing
 // the TLS hooks of the request's httptrace.
-func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, protos []string) (*tls.Conn, error) {
-	raw, err := t.dialPlain(ctx, network, addr)
+func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, protos []string, w witness.Witness) (*tls.Conn, error) {
+	raw, err := t.dialPlain(ctx, network, addr, w)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
@@ -30,8 +31,161 @@ const HeaderRequestID = "Egret-Request-Id"
 // without one.
 const DefaultKeepBody = 64 << 10
 
+// Exchange is one request handed to the retry layer: everything its
+// attempts need, given explicitly by the caller. The node proxy builds one
+// per request and calls Runner.Run with it (Transport makes the same run
+// from its own fields, for Go programs). Nothing of the caller is reached
+// through the request's context or through callbacks: the context only
+// cancels.
+//
+// An Exchange is run once and must not be copied once run: it also holds
+// the run's state (its trace, its first attempt), so that the caller's one
+// allocation serves the whole request.
+type Exchange struct {
+	// Request is the request to send upstream. Its body is read by the
+	// first attempt; GetBody reopens it for a retry (BodyKind tells which
+	// bodies can be). Its context cancels the attempts; nothing is looked
+	// up in it.
+	Request *http.Request
+	// Policy is what the request's upstream allows; Policy.Upstream names
+	// its budget (empty: the URL's host:port).
+	Policy Policy
+	// Base is the transport the attempts run on (nil: the Runner's).
+	Base *HTTPTransport
+	// FieldOrder is the request's header field names as the client sent
+	// them, one per field line, in the order sent: HTTP/1.1 writes the
+	// fields in that order and with those names, then the fields it does
+	// not name (added by the caller) by canonical name. nil: all by name.
+	FieldOrder []string
+	// Bulkhead, when set, is held for each attempt (never while waiting
+	// before a retry); a failure to enter it is the attempt's
+	// pool_timeout.
+	Bulkhead Bulkhead
+
+	run run // the run's state, in the caller's allocation
+}
+
+// Bulkhead bounds the attempts in flight to an upstream.
+type Bulkhead interface {
+	// Enter takes a permit for one attempt, waiting at most as long as
+	// ctx lets it.
+	Enter(ctx context.Context) error
+	// Leave gives back the permit Enter took.
+	Leave()
+}
+
+// Result is how an exchange ended: a Response to relay, or an Err
+// (*AmbiguousError or *Error) without one. Trace is the request's history
+// (its Outcome the engine's); with a Response it is complete once the
+// Response's body is closed or read to its end.
+type Result struct {
+	Response *http.Response
+	Err      error
+	Trace    *Trace
+}
+
+// Runner runs exchanges (Run): the state they share, one per process (the
+// agent's is node-wide). The zero value is usable; fields must not change
+// once exchanges run.
+type Runner struct {
+	// Budgets holds the per-upstream retry budgets. nil: a private registry.
+	Budgets *engine.Budgets
+	// Witness, when set, may upgrade sent_no_response to not_sent with
+	// proof from the kernel that no byte of the attempt left the host
+	// (connections of HTTPTransport only: they freeze at a failure so
+	// that the proof holds). With it, a non-idempotent request is never
+	// written on a pooled HTTP/1.1 connection the upstream already closed:
+	// the attempt fails before its first byte, provably not_sent.
+	Witness witness.Witness
+	// Draining, when set and true, denies new retries (runtime_draining).
+	Draining *atomic.Bool
+	// Rand is the jitter's source. nil: engine.DefaultRand.
+	Rand engine.Rand
+	// Now is the clock of the trace and the budget. nil: time.Now.
+	Now func() time.Time
+	// Sleep waits d before a retry, returning early with an error when ctx
+	// is done. nil: a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// KeepBody bounds the buffered body of a retried response kept in case
+	// later attempts fail without one (0: DefaultKeepBody; < 0: keep none).
+	KeepBody int64
+	// Metrics, when set, counts attempts, decisions, outcomes and upgrades.
+	Metrics *Metrics
+
+	once    sync.Once
+	budgets *engine.Budgets
+	base    *HTTPTransport // for exchanges without a Base
+	baseMu  sync.Mutex
+}
+
+func (rn *Runner) init() {
+	rn.once.Do(func() {
+		rn.budgets = rn.Budgets
+		if rn.budgets == nil {
+			rn.budgets = engine.NewBudgets()
+		}
+	})
+}
+
+// defaultBase is the transport of exchanges without a Base, made on first
+// use.
+func (rn *Runner) defaultBase() *HTTPTransport {
+	rn.baseMu.Lock()
+	defer rn.baseMu.Unlock()
+	if rn.base == nil {
+		rn.base = NewHTTPTransport(HTTPOptions{})
+	}
+	return rn.base
+}
+
+// Run runs x's attempts: each is sent on x.Base, its evidence gathered,
+// and engine.Decide asked whether to retry, until it says stop. A response
+// is returned only once the engine decided not to retry it.
+func (rn *Runner) Run(x *Exchange) Result {
+	rn.init()
+	r := &x.run
+	*r = run{rn: rn, req: x.Request, work: x.Request, ht: x.Base, order: x.FieldOrder, bulkhead: x.Bulkhead, start: rn.now()}
+	if r.ht == nil {
+		r.ht = rn.defaultBase()
+	}
+	r.pol = x.Policy
+	return r.do()
+}
+
+func (rn *Runner) now() time.Time {
+	if rn.Now != nil {
+		return rn.Now()
+	}
+	return time.Now()
+}
+
+func (rn *Runner) rand() engine.Rand {
+	if rn.Rand != nil {
+		return rn.Rand
+	}
+	return engine.DefaultRand
+}
+
+func (rn *Runner) sleep(ctx context.Context, d time.Duration) error {
+	if rn.Sleep != nil {
+		return rn.Sleep(ctx, d)
+	}
+	if d <= 0 {
+		return ctx.Err()
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Transport is an http.RoundTripper that runs a request's attempts on Base
-// and retries only when engine.Decide allows it (spec decision.md).
+// and retries only when engine.Decide allows it (spec decision.md): a
+// Runner for Go programs, each request an Exchange made from its fields.
 //
 // Truthfulness against hidden retries: net/http's Transport replays a
 // request by itself on a new connection when a pooled one turns out dead
@@ -51,6 +205,10 @@ const DefaultKeepBody = 64 << 10
 // connection after writing nothing on the first) is counted in
 // Attempt.HiddenRetries once something was written, and an attempt that
 // moved never claims not_sent.
+//
+// Evidence: an HTTPTransport Base is handed each attempt (its bounds and
+// its trace) with the request; any other Base is followed through
+// net/http/httptrace hooks in the request's context.
 //
 // Responses: before a response is returned its first body chunk is read
 // (bounded by the request's deadline, not by AttemptTimeout, which stops at
@@ -73,17 +231,10 @@ type Transport struct {
 	Base http.RoundTripper
 	// Policy gives the request's policy. nil: DefaultPolicy(host:port).
 	Policy func(*http.Request) Policy
-	// Budgets holds the node-wide retry budgets. nil: a private registry.
+	// Budgets, Witness, Rand, Now, Sleep, KeepBody, Metrics: as Runner's.
 	Budgets *engine.Budgets
-	// Witness, when set, may upgrade sent_no_response to not_sent with
-	// proof from the kernel that no byte of the attempt left the host
-	// (connections of NewHTTPTransport only: they freeze at a failure so
-	// that the proof holds). With it, a non-idempotent request is never
-	// written on a pooled HTTP/1.1 connection the upstream already closed:
-	// the attempt fails before its first byte, provably not_sent.
 	Witness witness.Witness
-	// Rand is the jitter's source. nil: engine.DefaultRand.
-	Rand engine.Rand
+	Rand    engine.Rand
 	// Draining reports that the runtime is shutting down (no new retries).
 	Draining func() bool
 	// Acquire, when set, takes a bulkhead permit for one attempt; release
@@ -94,98 +245,88 @@ type Transport struct {
 	// OnTrace is called once per request when it is finished: when RoundTrip
 	// returns an error, or when the returned response's body is closed or
 	// read to its end.
-	OnTrace func(*Trace)
-	// Now is the clock of the trace and the budget. nil: time.Now.
-	Now func() time.Time
-	// Sleep waits d before a retry, returning early with an error when ctx
-	// is done. nil: a timer.
-	Sleep func(ctx context.Context, d time.Duration) error
-	// KeepBody bounds the buffered body of a retried response kept in case
-	// later attempts fail without one (0: DefaultKeepBody; < 0: keep none).
+	OnTrace  func(*Trace)
+	Now      func() time.Time
+	Sleep    func(ctx context.Context, d time.Duration) error
 	KeepBody int64
-	// Metrics, when set, counts attempts, decisions, outcomes and upgrades.
-	Metrics *Metrics
+	Metrics  *Metrics
 
-	once    sync.Once
-	base    http.RoundTripper
-	direct  bool // base reports attempts directly (DirectTracing)
-	budgets *engine.Budgets
-}
-
-// DirectTracing is implemented by a Base that reports each attempt's
-// progress (connection, request written, first response byte) to the
-// Transport itself, as HTTPTransport does; the Transport then spares the
-// net/http/httptrace hooks it gives any other Base. A Base that routes
-// each request to one of several HTTPTransports implements it too.
-type DirectTracing interface {
-	TracesAttempts() bool
+	once sync.Once
+	rn   Runner
+	ht   *HTTPTransport    // Base, when it is one (attempts handed to it)
+	base http.RoundTripper // any other Base (attempts followed by httptrace)
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
 func (t *Transport) init() {
 	t.once.Do(func() {
-		t.base = t.Base
-		if t.base == nil {
-			t.base = NewHTTPTransport(HTTPOptions{})
-		}
-		if d, ok := t.base.(DirectTracing); ok {
-			t.direct = d.TracesAttempts()
-		}
-		t.budgets = t.Budgets
-		if t.budgets == nil {
-			t.budgets = engine.NewBudgets()
+		t.rn = Runner{Budgets: t.Budgets, Witness: t.Witness, Rand: t.Rand, Now: t.Now,
+			Sleep: t.Sleep, KeepBody: t.KeepBody, Metrics: t.Metrics}
+		t.rn.init()
+		switch b := t.Base.(type) {
+		case nil:
+			t.ht = NewHTTPTransport(HTTPOptions{})
+		case *HTTPTransport:
+			t.ht = b
+		default:
+			t.base = b
 		}
 	})
-}
-
-func (t *Transport) now() time.Time {
-	if t.Now != nil {
-		return t.Now()
-	}
-	return time.Now()
-}
-
-func (t *Transport) rand() engine.Rand {
-	if t.Rand != nil {
-		return t.Rand
-	}
-	return engine.DefaultRand
-}
-
-func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
-	if t.Sleep != nil {
-		return t.Sleep(ctx, d)
-	}
-	if d <= 0 {
-		return ctx.Err()
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // CloseIdleConnections closes Base's idle connections.
 func (t *Transport) CloseIdleConnections() {
 	t.init()
-	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+	if t.ht != nil {
+		t.ht.CloseIdleConnections()
+	} else if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }
 
-// policyFor resolves the request's policy and fills its gaps.
-func (t *Transport) policyFor(req *http.Request) Policy {
-	var p Policy
+// RoundTrip runs the request's attempts (see Transport). It returns the last
+// response, or an *AmbiguousError or *Error.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.init()
+	r := &run{rn: &t.rn, req: req, work: req, ht: t.ht, base: t.base,
+		draining: t.Draining, onTrace: t.OnTrace, start: t.rn.now()}
 	if t.Policy != nil {
-		p = t.Policy(req)
+		r.pol = t.Policy(req)
 	} else {
-		p = DefaultPolicy("")
+		r.pol = DefaultPolicy("")
 	}
+	if t.Acquire != nil {
+		r.bulkhead = &funcBulkhead{acquire: t.Acquire, upstream: r.pol.Upstream}
+	}
+	res := r.do()
+	return res.Response, res.Err
+}
+
+// funcBulkhead is Transport.Acquire as a Bulkhead. The attempts of a run
+// come one after another, so it holds one permit at most.
+type funcBulkhead struct {
+	acquire  func(ctx context.Context, upstream string) (func(), error)
+	upstream string
+	release  func()
+}
+
+func (b *funcBulkhead) Enter(ctx context.Context) error {
+	release, err := b.acquire(ctx, b.upstream)
+	b.release = release
+	return err
+}
+
+func (b *funcBulkhead) Leave() {
+	if b.release != nil {
+		b.release()
+		b.release = nil
+	}
+}
+
+// fill completes a policy's gaps: the budget named by the URL's
+// host:port, at least one attempt, the default backoff and budget.
+func (p *Policy) fill(req *http.Request) {
 	if p.Upstream == "" && req.URL != nil {
 		p.Upstream = canonicalAddr(req.URL)
 	}
@@ -198,7 +339,6 @@ func (t *Transport) policyFor(req *http.Request) Policy {
 	if p.Budget == (engine.BudgetConfig{}) {
 		p.Budget = engine.DefaultBudget
 	}
-	return p
 }
 
 // BodyKind returns the replayability of the request's body: none without a
@@ -222,19 +362,24 @@ func BodyKind(req *http.Request) engine.Body {
 	return k
 }
 
-// RoundTrip runs the request's attempts (see Transport). It returns the last
-// response, or an *AmbiguousError or *Error.
-func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	t.init()
-	r := &run{t: t, req: req, work: req, start: t.now()}
-	return r.do()
-}
-
-// run is one request going through its attempts.
+// run is one request going through its attempts. It reads top to bottom:
+// do runs the attempts (attempt: dispatch and evidence; decide: the
+// engine and the budget) and ends in end, the one way a run ends: with a
+// response, whose body's end completes the run (complete), or with an
+// error, which completes it at once.
 type run struct {
-	t          *Transport
-	req, work  *http.Request
-	pol        Policy
+	rn        *Runner
+	req, work *http.Request
+	pol       Policy
+	// ht runs the attempts, handed each one explicitly; base (when ht is
+	// nil) is another transport, followed through httptrace.
+	ht       *HTTPTransport
+	base     http.RoundTripper
+	order    []string // header field order (Exchange.FieldOrder)
+	bulkhead Bulkhead
+	draining func() bool  // Transport.Draining
+	onTrace  func(*Trace) // Transport.OnTrace
+
 	start      time.Time
 	idempotent bool
 	kind       engine.Body
@@ -247,7 +392,6 @@ type run struct {
 	// own (attemptCtx).
 	ctx    context.Context
 	cancel context.CancelFunc
-	trace  *Trace
 	ledger engine.Ledger
 	budget *engine.Budget
 
@@ -255,6 +399,13 @@ type run struct {
 	// says a later attempt got past not_sent without a response.
 	kept      *http.Response
 	keptAfter bool
+
+	// In the run's allocation: its trace, the first attempt's record and
+	// state, and the body of the response it returns.
+	trace    Trace
+	attempts [1]Attempt
+	first    attemptResult
+	body     responseBody
 }
 
 // attemptResult is how one attempt ended.
@@ -264,15 +415,15 @@ type attemptResult struct {
 	peekErr error          // the error that came with it
 	peekBuf *[]byte        // pooled buffer behind peek
 	err     error          // the failure, when resp is nil
-	release func()         // bulkhead permit, nil when none or released
+	permit  bool           // a bulkhead permit is held
 	ctx     attemptCtx
 	at      attemptTrace
 	req     http.Request // the attempt's request, in this allocation
 }
 
-func (r *run) do() (*http.Response, error) {
-	req, t := r.req, r.t
-	r.pol = t.policyFor(req)
+func (r *run) do() Result {
+	req := r.req
+	r.pol.fill(req)
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet // net/http's reading of an empty method
@@ -287,23 +438,23 @@ func (r *run) do() (*http.Response, error) {
 			r.deadline = dl
 		}
 	}
-	r.trace = &Trace{
+	r.trace = Trace{
 		RequestID:  req.Header.Get(HeaderRequestID),
 		Method:     method,
 		Upstream:   r.pol.Upstream,
 		Idempotent: r.idempotent,
 		Body:       r.kind,
 		Start:      r.start,
-		Attempts:   make([]Attempt, 0, 1),
+		Attempts:   r.attempts[:0],
 	}
 	if req.URL != nil {
 		r.trace.URL = req.URL.String()
 	}
 	if err := validate(req); err != nil {
-		return nil, r.invalid(err)
+		return r.invalid(err)
 	}
-	now := t.now()
-	r.budget = t.budgets.Get(r.pol.Upstream, r.pol.Budget, now)
+	now := r.rn.now()
+	r.budget = r.rn.budgets.Get(r.pol.Upstream, r.pol.Budget, now)
 	r.budget.Earn(now)
 
 	body := req.Body
@@ -312,33 +463,37 @@ func (r *run) do() (*http.Response, error) {
 		// large: copies of it would deepen every request's stack).
 		r.trace.Attempts = append(r.trace.Attempts, Attempt{N: n})
 		rec := &r.trace.Attempts[len(r.trace.Attempts)-1]
-		ar := r.attempt(rec, body)
+		ar := &r.first
+		if n > 1 {
+			ar = &attemptResult{}
+		}
+		r.attempt(ar, rec, body)
 		res := r.decide(rec, ar)
-		t.Metrics.attempt(rec)
+		r.rn.Metrics.attempt(rec)
 		if ar.resp == nil && rec.Evidence != engine.NotSent {
 			r.keptAfter = true
 		}
 		if res.Decision != engine.Retry {
-			return r.finish(ar)
+			return r.end(ar, ar.err)
 		}
 		// Retry: nothing of this attempt is held while waiting.
 		if ar.resp != nil {
 			r.keep(ar)
 		}
-		ar.done()
+		r.done(ar)
 		if rec.Failure == engine.CategoryNone && rec.Status == http.StatusUnauthorized {
 			if err := r.refresh(); err != nil {
-				return r.stop(err)
+				return r.end(nil, err)
 			}
 		}
-		if err := t.sleep(r.context(), res.Wait); err != nil {
-			return r.stop(err)
+		if err := r.rn.sleep(r.context(), res.Wait); err != nil {
+			return r.end(nil, err)
 		}
 		body = nil
 		if r.kind != engine.BodyNone {
 			b, err := r.work.GetBody()
 			if err != nil {
-				return r.stop(fmt.Errorf("%w: %w", ErrRequestInvalid, err))
+				return r.end(nil, fmt.Errorf("%w: %w", ErrRequestInvalid, err))
 			}
 			body = b
 		}
@@ -349,7 +504,7 @@ func (r *run) do() (*http.Response, error) {
 // the request's path keeps a small stack frame).
 //
 //go:noinline
-func (r *run) invalid(err error) error {
+func (r *run) invalid(err error) Result {
 	if r.req.Body != nil {
 		r.req.Body.Close()
 	}
@@ -357,7 +512,7 @@ func (r *run) invalid(err error) error {
 		Failure: engine.RequestInvalid, Evidence: engine.NotSent, Err: err.Error(),
 		Decision: engine.Result{Reason: engine.ReasonPermanentFailure}})
 	r.ledger.Record(engine.NotSent, engine.RequestInvalid, 0, r.trace.Attempts[0].Decision)
-	return r.fail(fmt.Errorf("%w: %w", ErrRequestInvalid, err))
+	return r.end(nil, fmt.Errorf("%w: %w", ErrRequestInvalid, err))
 }
 
 // validate refuses what no attempt could send.
@@ -398,15 +553,8 @@ func (r *run) context() context.Context {
 	return r.ctx
 }
 
-// release lets go of the request's context, if one was made.
-func (r *run) release() {
-	if r.cancel != nil {
-		r.cancel()
-	}
-}
-
-// ended reports whether the caller gave up or the overall deadline passed.
-func (r *run) ended() error {
+// over reports whether the caller gave up or the overall deadline passed.
+func (r *run) over() error {
 	if err := r.parent.Err(); err != nil {
 		return err
 	}
@@ -441,33 +589,31 @@ func netHTTPReplays(req *http.Request) bool {
 	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
 }
 
-// attempt runs attempt n and classifies how it ended.
-func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
-	t := r.t
-	rec.Start = t.now()
-	ar := &attemptResult{}
+// attempt runs one attempt into ar and classifies how it ended in rec.
+// HTTPTransport is handed the attempt itself (its bounds, its evidence)
+// and the field order; any other base is followed through httptrace.
+func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
+	rn := r.rn
+	rec.Start = rn.now()
 	at := &ar.at
-	at.w, at.viaHTTPTrace = t.Witness, !t.direct
+	at.w = rn.Witness
 	ar.ctx.start(r.parent, at, r.deadline, r.pol.AttemptTimeout)
 	var actx context.Context = &ar.ctx
-	if !t.direct {
+	if r.ht == nil {
 		actx = httptrace.WithClientTrace(actx, at.clientTrace())
 	}
-	defer func() { rec.Duration = t.now().Sub(rec.Start) }()
+	defer func() { rec.Duration = rn.now().Sub(rec.Start) }()
 
-	if t.Acquire != nil {
-		release, err := t.Acquire(actx, r.pol.Upstream)
-		if err != nil {
+	if r.bulkhead != nil {
+		if err := r.bulkhead.Enter(actx); err != nil {
 			if body != nil {
 				body.Close()
 			}
 			ar.err = err
 			rec.Stage, rec.Failure, rec.Evidence, rec.Err = StagePool, engine.PoolTimeout, engine.NotSent, err.Error()
-			return ar
+			return
 		}
-		if release != nil {
-			ar.release = release
-		}
+		ar.permit = true
 	}
 
 	ar.req = *r.work.WithContext(actx) // WithContext's copy stays on the stack
@@ -476,7 +622,7 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 	areq.Body = body
 	if r.kind == engine.BodyNone {
 		areq.Body, areq.ContentLength = nil, 0
-		if !t.direct && netHTTPReplays(areq) {
+		if r.ht == nil && netHTTPReplays(areq) {
 			// net/http would replay it on its own after a dead pooled
 			// connection, as often as it finds one, outside the budget
 			// and max_attempts: an empty body it cannot rewind stops
@@ -485,7 +631,13 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 			areq.Body, areq.TransferEncoding = newEmptyBody(), identity
 		}
 	}
-	resp, err := t.base.RoundTrip(areq)
+	var resp *http.Response
+	var err error
+	if r.ht != nil {
+		resp, err = r.ht.send(areq, &ar.ctx, r.order)
+	} else {
+		resp, err = r.base.RoundTrip(areq)
+	}
 	// From here on only the overall deadline bounds the attempt (its body).
 	fired := ar.ctx.headArrived()
 	if err == nil && fired {
@@ -504,13 +656,13 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 	if err != nil {
 		// fired is final: once the head phase ended, the timer can no
 		// longer end the attempt as a timeout.
-		timedOut := fired || errors.Is(r.ended(), context.DeadlineExceeded)
+		timedOut := fired || errors.Is(r.over(), context.DeadlineExceeded)
 		ar.err = err
 		rec.Err = err.Error()
 		rec.Failure, rec.Stage = at.classify(err, timedOut)
 		rec.Evidence = rec.Failure.Evidence()
 		r.witness(at, rec)
-		return ar
+		return
 	}
 	rec.Status = resp.StatusCode
 	rec.Stage = StageComplete
@@ -534,17 +686,16 @@ func (r *run) attempt(rec *Attempt, body io.ReadCloser) *attemptResult {
 			ar.err = perr
 			rec.Err = perr.Error()
 			rec.Stage, rec.Failure, rec.Evidence = StageBody, engine.BodyInterrupted, engine.PartialResponse
-			return ar
+			return
 		}
 		ar.peek, ar.peekErr, ar.peekBuf = buf[:k], perr, bp
 	}
 	ar.resp = resp
-	return ar
 }
 
 // witness lets the kernel witness upgrade sent_no_response to not_sent.
 func (r *run) witness(at *attemptTrace, rec *Attempt) {
-	if r.t.Witness == nil || rec.Evidence != engine.SentNoResponse {
+	if r.rn.Witness == nil || rec.Evidence != engine.SentNoResponse {
 		return
 	}
 	at.mu.Lock()
@@ -584,30 +735,34 @@ func needPeek(req *http.Request, resp *http.Response) bool {
 	return s >= 200 && s != http.StatusNoContent && s != http.StatusNotModified
 }
 
+// leave gives back the attempt's bulkhead permit, if it holds one.
+func (ar *attemptResult) leave(b Bulkhead) {
+	if ar.permit {
+		ar.permit = false
+		b.Leave()
+	}
+}
+
 // done releases what the attempt holds (its permit and context).
-func (ar *attemptResult) done() {
+func (r *run) done(ar *attemptResult) {
 	ar.peek = nil
 	putPeek(&ar.peekBuf)
 	if ar.resp != nil {
 		ar.resp.Body.Close()
 		ar.resp = nil
 	}
-	if ar.release != nil {
-		ar.release()
-		ar.release = nil
-	}
+	ar.leave(r.bulkhead)
 	ar.ctx.finish()
 }
 
 // decide asks the engine about the attempt rec and records the answer.
 func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
-	t := r.t
-	now := t.now()
+	now := r.rn.now()
 	in := engine.Input{
 		Attempt:           rec.N,
 		MaxAttempts:       r.pol.MaxAttempts,
 		Body:              r.kind,
-		Draining:          t.Draining != nil && t.Draining(),
+		Draining:          r.isDraining(),
 		MinAttempt:        r.pol.MinAttempt,
 		Failure:           rec.Failure,
 		Evidence:          rec.Evidence,
@@ -632,10 +787,10 @@ func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
 			in.RetryAfter, in.HasRetryAfter = parseRetryAfter(ar.resp.Header.Get("Retry-After"), now)
 		}
 	}
-	res := engine.Decide(&in, t.rand())
+	res := engine.Decide(&in, r.rn.rand())
 	if res.Decision == engine.Retry {
 		switch {
-		case r.ended() != nil:
+		case r.over() != nil:
 			// The caller gave up (a deadline would have been caught by
 			// rule 6).
 			res = engine.Result{Decision: engine.Deny, Reason: engine.ReasonDeadline}
@@ -672,7 +827,7 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 // keep buffers a retried response's body so that it can be returned if the
 // later attempts fail without a response.
 func (r *run) keep(ar *attemptResult) {
-	limit := r.t.KeepBody
+	limit := r.rn.KeepBody
 	if limit == 0 {
 		limit = DefaultKeepBody
 	}
@@ -697,55 +852,61 @@ func (r *run) keep(ar *attemptResult) {
 	r.kept = &kept
 }
 
-// stop tells the outcome from the attempts so far when the last one left
-// no response to return (it failed, the caller gave up, a refresh or
-// GetBody failed). A response kept from an earlier attempt is the last
-// response, unless a non-idempotent request was sent again after it: then
-// that response no longer tells the truth. A kept response was retried, so
-// it is never an ambiguous status.
-func (r *run) stop(cause error) (*http.Response, error) {
-	if r.kept != nil && (r.idempotent || !r.keptAfter) {
-		return r.deliver(r.kept, nil, nil, nil, false), nil
+// isDraining reports whether the runtime is shutting down.
+func (r *run) isDraining() bool {
+	if d := r.rn.Draining; d != nil && d.Load() {
+		return true
 	}
-	return nil, r.fail(cause)
+	return r.draining != nil && r.draining()
 }
 
-// finish tells the caller how the request ended after the engine's last
-// decision.
-func (r *run) finish(ar *attemptResult) (*http.Response, error) {
-	if ar.resp != nil {
+// end is how every run ends, after the engine's last decision or when
+// the run cannot go on (the caller gave up, a refresh or GetBody failed,
+// the request was invalid): ar is the last attempt (nil when it is
+// already released), cause why no response came.
+//
+// The last attempt's response is returned, marked when its status is
+// ambiguous. Without one, a response kept from an earlier attempt is the
+// last response, unless a non-idempotent request was sent again after it:
+// then that response no longer tells the truth. A kept response was
+// retried, so it is never an ambiguous status. Otherwise the run ends
+// with its outcome as an error.
+//
+// A returned response's body completes the run when it is closed or read
+// to its end; an error completes it here.
+func (r *run) end(ar *attemptResult, cause error) Result {
+	if ar != nil && ar.resp != nil {
 		resp := ar.resp
 		ar.resp = nil
-		out := r.deliver(resp, ar.peek, ar.peekErr, ar, r.ledger.AmbiguousStatus)
-		ar.peekBuf, ar.peek = nil, nil // the body owns the buffer now
-		return out, nil
+		r.respond(resp, ar, r.ledger.AmbiguousStatus)
+		return Result{Response: resp, Trace: &r.trace}
 	}
-	ar.done()
-	return r.stop(ar.err)
-}
-
-func (r *run) fail(cause error) error {
-	r.release()
+	if ar != nil {
+		r.done(ar)
+	}
+	if r.kept != nil && (r.idempotent || !r.keptAfter) {
+		resp := r.kept
+		r.respond(resp, nil, false)
+		return Result{Response: resp, Trace: &r.trace}
+	}
 	o := r.ledger.Outcome(r.idempotent, false)
 	r.trace.Outcome = o
 	status := r.ledger.Status(o)
 	n := len(r.trace.Attempts)
 	var err error
 	if o == engine.OutcomeAmbiguous {
-		err = &AmbiguousError{Status: status, Attempts: n, Trace: r.trace, Err: cause}
+		err = &AmbiguousError{Status: status, Attempts: n, Trace: &r.trace, Err: cause}
 	} else {
-		err = &Error{Outcome: o, Status: status, Attempts: n, Trace: r.trace, Err: cause}
+		err = &Error{Outcome: o, Status: status, Attempts: n, Trace: &r.trace, Err: cause}
 	}
-	r.t.Metrics.outcome(o.String())
-	if r.t.OnTrace != nil {
-		r.t.OnTrace(r.trace)
-	}
-	return err
+	r.complete()
+	return Result{Err: err, Trace: &r.trace}
 }
 
-// deliver returns resp to the caller with a body that finishes the request
-// when it is closed or read to its end.
-func (r *run) deliver(resp *http.Response, peek []byte, peekErr error, ar *attemptResult, ambiguous bool) *http.Response {
+// respond gives resp a body that completes the run when it is closed or
+// read to its end; ar is the attempt it came from (nil: a kept response),
+// whose peeked first chunk the body owns from now on.
+func (r *run) respond(resp *http.Response, ar *attemptResult, ambiguous bool) {
 	if ambiguous {
 		r.trace.Outcome = engine.OutcomeAmbiguous
 		resp.Header = resp.Header.Clone()
@@ -754,16 +915,33 @@ func (r *run) deliver(resp *http.Response, peek []byte, peekErr error, ar *attem
 		}
 		resp.Header.Set(HeaderOutcome, engine.OutcomeAmbiguous.String())
 	}
-	b := &responseBody{rc: resp.Body, peek: peek, peekErr: peekErr, r: r, ar: ar}
+	b := &r.body
+	*b = responseBody{rc: resp.Body, r: r, ar: ar}
 	if ar != nil {
-		b.peekBuf = ar.peekBuf
+		b.peek, b.peekErr, b.peekBuf = ar.peek, ar.peekErr, ar.peekBuf
+		ar.peek, ar.peekBuf = nil, nil
 	}
 	resp.Body = b
 	if rw, ok := b.rc.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 		// An upgraded connection (WebSocket): keep it writable.
 		resp.Body = &upgradedBody{responseBody: b, w: rw}
 	}
-	return resp
+}
+
+// complete finishes the run: its context is released, its outcome
+// counted and, for a Transport, its trace handed to OnTrace.
+func (r *run) complete() {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	if r.trace.Outcome == engine.OutcomeNone {
+		r.rn.Metrics.outcome("response")
+	} else {
+		r.rn.Metrics.outcome(r.trace.Outcome.String())
+	}
+	if r.onTrace != nil {
+		r.onTrace(&r.trace)
+	}
 }
 
 // upgradedBody is the body of a 101 response: the connection itself.
@@ -815,7 +993,7 @@ func (b *responseBody) Read(p []byte) (int, error) {
 // the caller gets the error, nothing is retried.
 func (b *responseBody) interrupted(err error) {
 	b.once.Do(func() {
-		tr := b.r.trace
+		tr := &b.r.trace
 		if len(tr.Attempts) > 0 {
 			a := &tr.Attempts[len(tr.Attempts)-1]
 			a.Stage, a.Failure, a.Evidence, a.Err = StageBody, engine.BodyInterrupted, engine.PartialResponse, err.Error()
@@ -834,24 +1012,13 @@ func (b *responseBody) Close() error {
 
 func (b *responseBody) finish() { b.once.Do(b.done) }
 
+// done releases the attempt the response came from and completes the run.
 func (b *responseBody) done() {
 	if b.ar != nil {
-		if b.ar.release != nil {
-			b.ar.release()
-			b.ar.release = nil
-		}
+		b.ar.leave(b.r.bulkhead)
 		b.ar.ctx.finish()
 	}
-	r := b.r
-	r.release()
-	if r.trace.Outcome == engine.OutcomeNone {
-		r.t.Metrics.outcome("response")
-	} else {
-		r.t.Metrics.outcome(r.trace.Outcome.String())
-	}
-	if r.t.OnTrace != nil {
-		r.t.OnTrace(r.trace)
-	}
+	b.r.complete()
 }
 
 // TraceOf returns the trace of a response returned by Transport.RoundTrip,
@@ -863,9 +1030,9 @@ func TraceOf(resp *http.Response) (*Trace, bool) {
 	}
 	switch b := resp.Body.(type) {
 	case *responseBody:
-		return b.r.trace, true
+		return &b.r.trace, true
 	case *upgradedBody:
-		return b.r.trace, true
+		return &b.r.trace, true
 	}
 	return nil, false
 }
