@@ -116,7 +116,9 @@ func run() error {
 	if !*saturate && !*paced && *idleN <= 0 {
 		return errors.New("-saturate=false, -paced=false and -idle 0 leave nothing to measure")
 	}
-	raiseFileLimit()
+	if err := raiseFileLimit(*idleN); err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "egret-bench-")
 	if err != nil {
 		return err
@@ -574,8 +576,9 @@ func haproxyConfig(listen, upstream string, logged bool) string {
 		logGlobal = "    log stdout format raw local0 info\n"
 		logDefaults = "    log global\n    option httplog\n"
 	}
+	// maxconn: 8000, or room for -idle's connections and a few more.
 	return fmt.Sprintf(`global
-%s    maxconn 8000
+%s    maxconn %d
 defaults
 %s    mode http
     timeout connect 10s
@@ -590,7 +593,7 @@ frontend fe
     default_backend be
 backend be
     server up %s
-`, logGlobal, logDefaults, listen, upstream)
+`, logGlobal, max(8000, *idleN+256), logDefaults, listen, upstream)
 }
 
 // startCaddy checks and starts Caddy with the JSON config cfg; its output
@@ -922,13 +925,33 @@ func stop(cmd *exec.Cmd) {
 }
 
 // raiseFileLimit lifts the soft descriptor limit to the hard one, for the
-// idle connections (children inherit it).
-func raiseFileLimit() {
+// idle connections (children inherit it); as root with CAP_SYS_RESOURCE,
+// first the hard one to what -idle needs. It fails when -idle connections
+// cannot fit: egret counts two descriptors per client connection and keeps
+// an eighth of its limit in reserve (proxy.FDs), so it holds at most 7/16
+// of the limit (8,750 under a hard limit of 20,000). Only this process and
+// its children are affected, nothing host-wide.
+func raiseFileLimit(idle int) error {
 	var l syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
-		l.Cur = l.Max
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return err
 	}
+	if want := uint64(4*idle + 4096); l.Max < want {
+		up := syscall.Rlimit{Cur: want, Max: want}
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &up) == nil {
+			return nil
+		}
+	}
+	if l.Cur < l.Max {
+		l.Cur = l.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+			return err
+		}
+	}
+	if most := int(l.Cur * 7 / 16); idle > most {
+		return fmt.Errorf("-idle %d: egret can hold at most %d connections under a descriptor limit of %d (raising the hard limit needs CAP_SYS_RESOURCE)", idle, most, l.Cur)
+	}
+	return nil
 }
 
 func numCPU() int {
