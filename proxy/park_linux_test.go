@@ -440,3 +440,50 @@ func TestManyParkedConns(t *testing.T) {
 		t.Errorf("upstream got %d requests, want %d", got, 2*n)
 	}
 }
+
+// hiddenListener hands out connections without their SyscallConn, as a
+// wrapped connection (a pipe, a test's conn) may come.
+type hiddenListener struct{ net.Listener }
+
+func (l hiddenListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return struct{ net.Conn }{c}, nil
+}
+
+// TestUnparkableConnKeepsGoroutine: a connection without a SyscallConn
+// is never parked; it is served and ends at its idle time as before.
+func TestUnparkableConnKeepsGoroutine(t *testing.T) {
+	r := startParkRig(t, Config{}) // for its upstream; its server stays unused
+	var mu sync.Mutex
+	most := int64(0)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{IdleTimeout: 300 * time.Millisecond, ParkAfter: testParkAfter, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.onPark = func() {
+		mu.Lock()
+		most = max(most, s.parked.Load())
+		mu.Unlock()
+	}
+	go s.Serve(hiddenListener{ln})
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	r.s, r.addr = s, ln.Addr().String()
+	pc := r.dial()
+	pc.expect(t, r.get("/1"), `200 GET /1 ""`)
+	pc.expect(t, r.get("/2"), `200 GET /2 ""`)
+	if got := pc.ending(t); got != "eof" {
+		t.Fatalf("ended with %s, want eof at the idle timeout", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != 0 {
+		t.Errorf("%d parked, want none", most)
+	}
+}
