@@ -66,10 +66,33 @@ func benchOn(b *testing.B, addr, up, method, body string) {
 }
 
 // BenchmarkIdleConnMemory reports the memory an idle keep-alive client
-// connection costs the proxy (heap and goroutine stacks), after one request.
+// connection costs the proxy (heap and goroutine stacks), after one request,
+// once it has parked (ParkAfter 10 ms), and the goroutines it holds.
 func BenchmarkIdleConnMemory(b *testing.B) {
 	up := startUpstreamB(b)
-	p := startProxyB(b)
+	s, err := New(Config{ParkAfter: 10 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	parked := make(chan struct{}, 1)
+	s.onPark = func() {
+		select {
+		case parked <- struct{}{}:
+		default:
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go s.Serve(ln)
+	b.Cleanup(func() { s.Shutdown(b.Context()) })
+	p := &testProxy{Server: s, addr: ln.Addr().String()}
+	waitParked := func(want int64) {
+		for s.park != nil && s.parked.Load() != want {
+			<-parked
+		}
+	}
 	const n = 500
 	conns := make([]net.Conn, 0, n)
 	defer func() {
@@ -99,19 +122,18 @@ func BenchmarkIdleConnMemory(b *testing.B) {
 		return c
 	}
 	conns = append(conns, one())
+	waitParked(1)
 	// Measured once whatever b.N: the figure is memory, not time. The
 	// client side (a net.Conn each) lives in this process too and is
 	// included, so the proxy's own share is a little smaller.
-	before := measure()
+	before, g0 := measure(), runtime.NumGoroutine()
 	for range n {
 		conns = append(conns, one())
 	}
-	// Not a test's synchronisation: a benchmark lets the proxy's
-	// goroutines for the new connections park before a memory reading
-	// that is an estimate anyway.
-	time.Sleep(50 * time.Millisecond)
-	after := measure()
+	waitParked(n + 1)
+	after, g1 := measure(), runtime.NumGoroutine()
 	b.ReportMetric(float64(after-before)/n, "B/idle-conn")
+	b.ReportMetric(float64(g1-g0)/n, "goroutines/idle-conn")
 }
 
 func startUpstreamB(b *testing.B) string {

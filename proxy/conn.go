@@ -58,6 +58,11 @@ type conn struct {
 	// bodyBegun: a relayed response body has begun going to the client
 	// (read by Shutdown's cut: such a response can only be reset).
 	bodyBegun atomic.Bool
+	// idleUntil is the end of the current wait for a next request (zero
+	// while none is waited for); served counts the requests begun.
+	idleUntil time.Time
+	served    int
+	pk        parkState // while parked (park_linux.go)
 }
 
 // Lingering close: how long and how much of the client's remaining input
@@ -81,20 +86,21 @@ func (c *conn) lingeringClose() {
 	io.CopyN(io.Discard, c.c, lingerMax)
 }
 
-// waitRequest waits for the next request's first bytes. With nothing
-// buffered, the connection gives its reader back to the pool while it
-// waits, so that an idle keep-alive connection holds no buffer.
-func (c *conn) waitRequest() bool {
+// waitRequest waits for the next request's first bytes, until the read
+// deadline set; timedOut says that the deadline ended the wait. With
+// nothing buffered, the connection gives its reader back to the pool while
+// it waits, so that an idle keep-alive connection holds no buffer.
+func (c *conn) waitRequest() (ok, timedOut bool) {
 	if c.br != nil && (c.br.Buffered() > 0 || c.pr.pending()) {
-		return true
+		return true, false
 	}
 	c.releaseReader()
-	if !c.pr.wait() {
-		return false
+	if ok, timedOut = c.pr.wait(); !ok {
+		return false, timedOut
 	}
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.pr)
-	return true
+	return true, false
 }
 
 func (c *conn) releaseReader() {
@@ -135,21 +141,21 @@ func (r *prefixReader) init(c net.Conn) {
 func (r *prefixReader) pending() bool { return r.off < r.n }
 
 // wait blocks until the connection has bytes (or ends, or its read
-// deadline passes) and reads what is there. On a socket it reads straight
-// into a pooled buffer when the kernel has data, and holds no buffer while
-// it waits for readiness: one read(2) for a request that is already there,
-// where a one-byte read and a buffered read took two (three for a 4 KiB
-// POST).
-func (r *prefixReader) wait() bool {
+// deadline passes: timedOut) and reads what is there. On a socket it reads
+// straight into a pooled buffer when the kernel has data, and holds no
+// buffer while it waits for readiness: one read(2) for a request that is
+// already there, where a one-byte read and a buffered read took two (three
+// for a 4 KiB POST).
+func (r *prefixReader) wait() (ok, timedOut bool) {
 	if r.rc == nil {
 		r.take()
 		n, err := r.c.Read((*r.buf)[:1])
 		if n == 0 || err != nil && n == 0 {
 			r.release()
-			return false
+			return false, false
 		}
 		r.off, r.n = 0, n
-		return true
+		return true, false
 	}
 	var err error
 	if r.cut != nil && r.cut.Load() {
@@ -159,7 +165,7 @@ func (r *prefixReader) wait() bool {
 		// taken, to be answered, and nothing is waited for.
 		ok := false
 		if err = r.rc.Control(func(fd uintptr) { ok = r.readFn(fd) }); err == nil && !ok {
-			return false
+			return false, false
 		}
 	} else {
 		err = r.rc.Read(r.readFn)
@@ -168,10 +174,10 @@ func (r *prefixReader) wait() bool {
 	r.rerr = nil
 	if err != nil || rerr != nil || n <= 0 {
 		r.release()
-		return false
+		return false, err != nil && errors.Is(err, os.ErrDeadlineExceeded)
 	}
 	r.off, r.n = 0, n
-	return true
+	return true, false
 }
 
 // readFD is wait's read on the socket: false (wait for readiness, holding
@@ -228,26 +234,50 @@ var (
 	prefixBufs = sync.Pool{New: func() any { b := make([]byte, 8192); return &b }}
 )
 
+// serve serves a new connection. It returns when the connection has ended
+// or was parked (idle, handed to the parker, which resumes or ends it).
 func (c *conn) serve() {
-	defer c.s.removeConn(c)
-	defer func() {
-		if c.linger && !c.aborted {
-			c.lingeringClose()
-		}
-		c.c.Close()
-	}()
+	if c.begin() && c.loop() {
+		return // parked
+	}
+	c.end()
+}
+
+// resume continues a parked connection's request loop in a goroutine of
+// its own, started by the parker (its socket is readable, or its peer
+// went) or by Shutdown (which closed it).
+func (c *conn) resume() {
+	if c.loop() {
+		return // parked again
+	}
+	c.end()
+}
+
+// end releases what the connection holds, closes it and removes it from
+// the server: its connection slot and descriptors are given back.
+func (c *conn) end() {
+	c.releaseReader()
+	c.pr.release()
+	if c.linger && !c.aborted {
+		c.lingeringClose()
+	}
+	c.c.Close()
+	c.s.removeConn(c)
+}
+
+// begin prepares a new connection and, in transparent mode, sniffs it; it
+// reports whether the connection goes on to the HTTP request loop.
+func (c *conn) begin() bool {
 	c.pr.init(c.c)
 	c.pr.cut = &c.s.cut
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.pr)
-	defer c.pr.release()
-	defer c.releaseReader()
 	log := c.s.cfg.Logger
 	if c.s.cfg.Mode == Transparent {
 		dst, err := c.s.cfg.Resolver.OriginalDst(c.c)
 		if err != nil {
 			log.Warn("original destination", "client", c.c.RemoteAddr().String(), "err", err)
-			return
+			return false
 		}
 		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 		c.dst, c.dstAddr, c.dstHost = dst, dst.String(), dst.Addr().String()
@@ -255,36 +285,91 @@ func (c *conn) serve() {
 		if err != nil || proto != ProtoHTTP1 && c.s.cut.Load() {
 			// Gone, or Shutdown's grace is over and this is no request
 			// it could answer: the connection ends.
-			return
+			return false
 		}
 		if proto == ProtoSilent {
 			if proto = c.silent(); proto == "" {
-				return // passed through, or gone
+				return false // passed through, or gone
 			}
 		}
 		if proto != ProtoHTTP1 {
 			c.learn(proto)
 			c.passthrough(proto, c.dstAddr, nil)
-			return
+			return false
 		}
 	}
-	for range maxRequestsPerConn {
-		if !c.next() {
-			return
-		}
-	}
+	return true
 }
 
 // maxRequestsPerConn bounds the loop; a client reconnects after it.
 const maxRequestsPerConn = 1 << 20
 
-// next serves one request and reports whether the connection stays open.
+// loop serves requests until the connection ends (false) or is parked
+// (true: the parker owns c now, and its caller must not touch it).
+func (c *conn) loop() (parked bool) {
+	for c.served < maxRequestsPerConn {
+		switch c.waitNext() {
+		case waitParked:
+			return true
+		case waitEnded:
+			return false
+		}
+		c.served++
+		if !c.next() {
+			return false
+		}
+	}
+	return false
+}
+
+type waitResult uint8
+
+const (
+	waitReady  waitResult = iota // a request's first bytes are here
+	waitEnded                    // gone, closed, or idle for IdleTimeout
+	waitParked                   // idle for ParkAfter: handed to the parker
+)
+
+// waitNext waits for the next request's first bytes, up to IdleTimeout
+// from the end of the last request (or from the connection's start). When
+// the server parks idle connections it waits only ParkAfter with its
+// goroutine, and then parks the connection for the rest of its idle time.
+// A busy connection does not pay for it: the read deadline it sets per
+// request is the nearer of the two ends, one time.Now as before.
+func (c *conn) waitNext() waitResult {
+	now := time.Now()
+	if c.idleUntil.IsZero() {
+		c.idleUntil = now.Add(c.s.cfg.IdleTimeout)
+	}
+	deadline, park := c.idleUntil, false
+	if pa := c.s.parkAfter; pa > 0 && c.pr.rc != nil {
+		if p := now.Add(pa); p.Before(deadline) {
+			deadline, park = p, true
+		}
+	}
+	for {
+		c.c.SetReadDeadline(deadline)
+		ok, timedOut := c.waitRequest()
+		if ok {
+			c.idleUntil = time.Time{}
+			return waitReady
+		}
+		if !park || !timedOut {
+			return waitEnded
+		}
+		if c.s.park.park(c) {
+			return waitParked
+		}
+		// Not parked (closed meanwhile): the wait goes on with the
+		// goroutine, as without a parker.
+		deadline, park = c.idleUntil, false
+	}
+}
+
+// next serves one request, whose first bytes are here, and reports whether
+// the connection stays open.
 func (c *conn) next() bool {
 	cfg := &c.s.cfg
-	c.c.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
-	if !c.waitRequest() {
-		return false
-	}
 	if !c.s.setState(c, stateActive) {
 		return false
 	}

@@ -98,6 +98,7 @@ const (
 	DefaultAnswerGrace        = time.Second
 	DefaultRequestReadTimeout = 2 * time.Minute
 	DefaultTunnelIdleTimeout  = 5 * time.Minute
+	DefaultParkAfter          = time.Second
 )
 
 // DefaultConnectPorts are the ports an explicit-mode CONNECT may reach
@@ -150,6 +151,12 @@ type Config struct {
 	WriteTimeout      time.Duration
 	IdleTimeout       time.Duration
 	DialTimeout       time.Duration
+	// ParkAfter is how long a keep-alive connection waits for its next
+	// request with a goroutine of its own; idle longer, it is parked (on
+	// Linux): it holds no goroutine and no buffer for the rest of
+	// IdleTimeout, and a goroutine is started again when its socket is
+	// readable or its peer goes. Negative: never parked.
+	ParkAfter time.Duration
 	// AnswerGrace is how long, once Shutdown's grace is over, the
 	// requests still in flight have to be answered (their attempts
 	// cancelled) before their connections are closed.
@@ -235,6 +242,9 @@ func (c *Config) setDefaults() {
 	def(&c.DialTimeout, DefaultDialTimeout)
 	def(&c.AnswerGrace, DefaultAnswerGrace)
 	def(&c.RequestReadTimeout, DefaultRequestReadTimeout)
+	if c.ParkAfter == 0 {
+		c.ParkAfter = DefaultParkAfter
+	}
 	if c.Quota == nil {
 		c.Quota = NewQuota(c.Limits, nil)
 	}
@@ -293,6 +303,15 @@ type Server struct {
 	// protect: Config.Protect, parsed.
 	protect []netip.AddrPort
 
+	// park holds idle connections without a goroutine (nil: none on
+	// this system); parkAfter is Config.ParkAfter, 0 when nothing parks.
+	// parked counts this server's parked connections; onPark, a test's
+	// hook, is called (under the parker's lock) when that count changes.
+	park      *parker
+	parkAfter time.Duration
+	parked    atomic.Int64
+	onPark    func()
+
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
@@ -329,6 +348,15 @@ func New(cfg Config) (*Server, error) {
 		s.protect = append(s.protect, netip.AddrPortFrom(ip.Unmap(), uint16(n)))
 	}
 	s.cfg.Dial = s.guardDial(cfg.Dial)
+	if cfg.ParkAfter > 0 {
+		p, err := sharedParker()
+		if err != nil {
+			cfg.Logger.Warn("idle connections keep their goroutine", "err", err)
+		}
+		if p != nil {
+			s.park, s.parkAfter = p, cfg.ParkAfter
+		}
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.bases = newBases(s.cfg.Dial)
 	s.runner = cfg.Runner
@@ -460,6 +488,7 @@ func (s *Server) cutInFlight() {
 	s.cut.Store(true)
 	s.cancel()
 	s.mu.Lock()
+	var woken []*conn
 	for c := range s.conns {
 		switch {
 		case c.state == stateTunnel, c.state == stateActive && c.bodyBegun.Load():
@@ -474,13 +503,17 @@ func (s *Server) cutInFlight() {
 			// the conn answers it 503 not-sent. The reader checks cut
 			// after setting its own deadline, so this one is not lost.
 			// A new connection's request already here is read and
-			// answered so; with none, the connection just ends.
+			// answered so; with none, the connection just ends. A
+			// parked one, resumed, reads what is there (cut is set).
 			c.c.SetReadDeadline(aLongTimeAgo)
+			woken = s.wake(woken, c)
 		default:
 			c.c.Close()
+			woken = s.wake(woken, c)
 		}
 	}
 	s.mu.Unlock()
+	resumeAll(woken)
 	timer := time.NewTimer(s.cfg.AnswerGrace)
 	defer timer.Stop()
 	for {
@@ -500,10 +533,13 @@ func (s *Server) cutInFlight() {
 			// pass for a complete answer.
 			s.mu.Lock()
 			s.shut = true
+			woken = woken[:0]
 			for c := range s.conns {
 				closeWithReset(c.c)
+				woken = s.wake(woken, c)
 			}
 			s.mu.Unlock()
+			resumeAll(woken)
 			return
 		}
 	}
@@ -528,17 +564,45 @@ const firstRequestGrace = 5 * time.Second
 // ended).
 func (s *Server) closeIdleConns(closeNew bool) int {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	var woken []*conn
 	for c := range s.conns {
 		if c.state == stateIdle || closeNew && c.state == stateNew {
 			c.c.Close()
+			woken = s.wake(woken, c)
 		}
 	}
 	left := len(s.conns) + len(s.listeners)
 	if left == 0 {
 		s.shut = true
 	}
+	s.mu.Unlock()
+	resumeAll(woken)
 	return left
+}
+
+// wake takes c back from the parker if it is parked, adding it to woken:
+// its goroutine is to be started again (resumeAll, once s.mu is released)
+// to meet what was done to it as any waiting connection would (a read
+// that fails on a closed socket, or past its deadline, then the end).
+func (s *Server) wake(woken []*conn, c *conn) []*conn {
+	if s.park.unpark(c) {
+		woken = append(woken, c)
+	}
+	return woken
+}
+
+func resumeAll(woken []*conn) {
+	for _, c := range woken {
+		go c.resume()
+	}
+}
+
+// parkedChanged counts a connection parked (1) or taken back (-1).
+func (s *Server) parkedChanged(d int64) {
+	s.parked.Add(d)
+	if s.onPark != nil {
+		s.onPark()
+	}
 }
 
 // newConn registers nc. While the server closes it is still served (it

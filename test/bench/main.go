@@ -60,6 +60,7 @@ var (
 	threads  = flag.Int("threads", 2, "wrk threads")
 	rounds   = flag.Int("rounds", 1, "measured runs per target and workload (the median is reported)")
 	idleN    = flag.Int("idle", 2000, "idle keep-alive connections opened for the memory measurement (0: skip)")
+	settleD  = flag.Duration("idle-settle", 1500*time.Millisecond, "how long the memory measurement lets a target settle, twice before each reading (a collection after each wait)")
 	wrkBin   = flag.String("wrk", "wrk", "wrk binary")
 	haproxy  = flag.String("haproxy", "/usr/sbin/haproxy", "haproxy binary")
 	caddyBin = flag.String("caddy", "caddy", "caddy binary")
@@ -116,7 +117,9 @@ func run() error {
 	if !*saturate && !*paced && *idleN <= 0 {
 		return errors.New("-saturate=false, -paced=false and -idle 0 leave nothing to measure")
 	}
-	raiseFileLimit()
+	if err := raiseFileLimit(*idleN); err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "egret-bench-")
 	if err != nil {
 		return err
@@ -277,7 +280,8 @@ func run() error {
 			mem[tg.name] = m.rss
 			fmt.Printf("  %-11s RSS %+8.1f KiB/conn", tg.name, m.rss/1024)
 			if m.heap >= 0 {
-				fmt.Printf("   Go heap+stacks in use %+6.1f KiB/conn, goroutines %+.2f/conn", m.heap/1024, m.goroutines)
+				fmt.Printf("   Go heap+stacks in use %+6.1f KiB/conn, heap free not returned %+6.1f KiB/conn, goroutines %+.2f/conn",
+					m.heap/1024, m.free/1024, m.goroutines)
 			}
 			fmt.Println()
 		}
@@ -574,8 +578,9 @@ func haproxyConfig(listen, upstream string, logged bool) string {
 		logGlobal = "    log stdout format raw local0 info\n"
 		logDefaults = "    log global\n    option httplog\n"
 	}
+	// maxconn: 8000, or room for -idle's connections and a few more.
 	return fmt.Sprintf(`global
-%s    maxconn 8000
+%s    maxconn %d
 defaults
 %s    mode http
     timeout connect 10s
@@ -590,7 +595,7 @@ frontend fe
     default_backend be
 backend be
     server up %s
-`, logGlobal, logDefaults, listen, upstream)
+`, logGlobal, max(8000, *idleN+256), logDefaults, listen, upstream)
 }
 
 // startCaddy checks and starts Caddy with the JSON config cfg; its output
@@ -712,6 +717,7 @@ func runWrk(addr, script string, d time.Duration) (result, error) {
 type memCost struct {
 	rss        float64 // bytes of resident memory
 	heap       float64 // bytes of Go heap + stacks in use (-1: unknown)
+	free       float64 // bytes of Go heap free but not returned to the OS
 	goroutines float64
 }
 
@@ -719,21 +725,34 @@ type memCost struct {
 // and reads its answer (of want bytes), then measures the process's growth
 // with the connections idle; for a target with Go runtime figures
 // (goStats) after a garbage collection each time.
+//
+// Each reading is taken after -idle-settle, a collection, -idle-settle
+// again and a collection: the first wait lets the target settle (egret
+// parks its idle connections after 1 s), the first collection frees the
+// stacks of goroutines that have exited (Go keeps them with the dead
+// goroutines until a collection), and the second wait gives Go's
+// scavenger time to return freed memory to the OS, as it does within
+// seconds in a long-running process. For targets without Go figures the
+// collections are no-ops.
 func idleCost(tg target, n, want int) (memCost, error) {
 	c := memCost{heap: -1}
 	metrics := tg.goStats
-	settle := func() { time.Sleep(1500 * time.Millisecond) }
+	settle := func() {
+		time.Sleep(*settleD)
+		collect(metrics)
+		time.Sleep(*settleD)
+		collect(metrics)
+	}
 	// One request first, so that the process has served traffic.
 	if err := oneRequest(tg, want); err != nil {
 		return c, err
 	}
 	settle()
-	collect(metrics)
 	rss0, err := rss(tg.pid)
 	if err != nil {
 		return c, err
 	}
-	heap0, gr0, merr := goMem(metrics)
+	heap0, free0, gr0, merr := goMem(metrics)
 	open := make([]net.Conn, 0, n)
 	defer func() {
 		for _, cn := range open {
@@ -766,15 +785,15 @@ func idleCost(tg target, n, want int) (memCost, error) {
 		cn.SetDeadline(time.Time{})
 	}
 	settle()
-	collect(metrics)
 	rss1, err := rss(tg.pid)
 	if err != nil {
 		return c, err
 	}
 	c.rss = float64(rss1-rss0) / float64(n)
 	if merr == nil {
-		if heap1, gr1, err := goMem(metrics); err == nil {
+		if heap1, free1, gr1, err := goMem(metrics); err == nil {
 			c.heap = (heap1 - heap0) / float64(n)
+			c.free = (free1 - free0) / float64(n)
 			c.goroutines = (gr1 - gr0) / float64(n)
 		}
 	}
@@ -819,15 +838,18 @@ func oneRequest(tg target, want int) error {
 	return nil
 }
 
-// goMem reads the Go runtime's heap and stacks in use, and goroutines,
-// from a Go target's /metrics (egret's, Caddy's admin endpoint).
-func goMem(addr string) (float64, float64, error) {
+// goMem reads the Go runtime's heap and stacks in use, its heap free but
+// not returned to the OS (runtime/metrics' /memory/classes/heap/free:bytes,
+// which a goroutine's freed stack joins until the scavenger returns it),
+// and goroutines, from a Go target's /metrics (egret's, Caddy's admin
+// endpoint).
+func goMem(addr string) (inUse, free, goroutines float64, err error) {
 	if addr == "" {
-		return 0, 0, errors.New("no metrics")
+		return 0, 0, 0, errors.New("no metrics")
 	}
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer resp.Body.Close()
 	vals := map[string]float64{}
@@ -837,16 +859,18 @@ func goMem(addr string) (float64, float64, error) {
 		f := strings.Fields(sc.Text())
 		if len(f) == 2 {
 			switch f[0] {
-			case "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines":
+			case "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines",
+				"go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes":
 				v, _ := strconv.ParseFloat(f[1], 64)
 				vals[f[0]] = v
 			}
 		}
 	}
-	if len(vals) != 3 {
-		return 0, 0, fmt.Errorf("metrics without Go memory figures")
+	if len(vals) != 5 {
+		return 0, 0, 0, fmt.Errorf("metrics without Go memory figures")
 	}
-	return vals["go_memstats_heap_inuse_bytes"] + vals["go_memstats_stack_inuse_bytes"], vals["go_goroutines"], nil
+	return vals["go_memstats_heap_inuse_bytes"] + vals["go_memstats_stack_inuse_bytes"],
+		vals["go_memstats_heap_idle_bytes"] - vals["go_memstats_heap_released_bytes"], vals["go_goroutines"], nil
 }
 
 // rss is the resident set of pid in bytes.
@@ -922,13 +946,33 @@ func stop(cmd *exec.Cmd) {
 }
 
 // raiseFileLimit lifts the soft descriptor limit to the hard one, for the
-// idle connections (children inherit it).
-func raiseFileLimit() {
+// idle connections (children inherit it); as root with CAP_SYS_RESOURCE,
+// first the hard one to what -idle needs. It fails when -idle connections
+// cannot fit: egret counts two descriptors per client connection and keeps
+// an eighth of its limit in reserve (proxy.FDs), so it holds at most 7/16
+// of the limit (8,750 under a hard limit of 20,000). Only this process and
+// its children are affected, nothing host-wide.
+func raiseFileLimit(idle int) error {
 	var l syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
-		l.Cur = l.Max
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return err
 	}
+	if want := uint64(4*idle + 4096); l.Max < want {
+		up := syscall.Rlimit{Cur: want, Max: want}
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &up) == nil {
+			return nil
+		}
+	}
+	if l.Cur < l.Max {
+		l.Cur = l.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+			return err
+		}
+	}
+	if most := int(l.Cur * 7 / 16); idle > most {
+		return fmt.Errorf("-idle %d: egret can hold at most %d connections under a descriptor limit of %d (raising the hard limit needs CAP_SYS_RESOURCE)", idle, most, l.Cur)
+	}
+	return nil
 }
 
 func numCPU() int {
