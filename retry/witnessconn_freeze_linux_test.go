@@ -68,8 +68,8 @@ func freezePair(t *testing.T) (*witnessConn, *enteredConn, net.Conn) {
 }
 
 // TestFreezeWaitsForTheWriteInFlight: a write inside the kernel when the
-// connection freezes is waited for; once it returns (the peer read it
-// all), the final snapshot is taken and counts every byte it sent.
+// connection freezes is waited for; once it returns, the final snapshot is
+// taken and accounts for every byte the write put in the socket.
 func TestFreezeWaitsForTheWriteInFlight(t *testing.T) {
 	wc, ec, peer := freezePair(t)
 	const size = 1 << 20 // far more than the socket buffers hold
@@ -95,8 +95,13 @@ func TestFreezeWaitsForTheWriteInFlight(t *testing.T) {
 	if !ok {
 		t.Fatalf("no final snapshot: %v", wc.finalErr)
 	}
-	if !snap.HasBytesSent || snap.BytesSent < size {
-		t.Fatalf("final snapshot: %d bytes sent (known %v), the write sent %d", snap.BytesSent, snap.HasBytesSent, size)
+	// The write returned once its last bytes were in the socket: some may
+	// not have gone out yet when the snapshot was taken (9 runs in 30
+	// under load), and the snapshot says so. Between sent and not sent it
+	// accounts for every byte.
+	if !snap.HasBytesSent || !snap.HasNotSentBytes || snap.BytesSent+snap.NotSentBytes < size {
+		t.Fatalf("final snapshot: %d bytes sent (known %v), %d not sent (known %v); the write put %d in the socket",
+			snap.BytesSent, snap.HasBytesSent, snap.NotSentBytes, snap.HasNotSentBytes, size)
 	}
 	if _, err := wc.Write([]byte("x")); err != errFrozen {
 		t.Fatalf("write after freeze: %v, want errFrozen", err)
