@@ -227,12 +227,14 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
 	keep := !req.Close && !c.s.closing.Load() && (body == nil || body.Done())
+	// Each answer stores the request's trace before the client has the
+	// whole answer: a client that asks for its explanation as soon as it
+	// has read its answer finds it.
 	if res.Err != nil {
 		keep = c.answerFailure(req, x, res, start, keep)
 	} else {
 		keep = c.relay(req, x, res, start, keep)
 	}
-	c.s.putTrace(res.Trace) // complete: the response's body is closed
 	if body != nil && !body.Done() {
 		// The upstream did not read the whole one-shot body: the rest is
 		// still on the connection; the lingering close drains it, once the
@@ -540,6 +542,7 @@ func (c *conn) answerFailure(req *http.Request, x *exchange, res retry.Result, s
 	n := attemptsOf(tr, err)
 	c.s.cfg.Metrics.request(outcome.String())
 	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome.String(), n, tr)
+	c.s.putTrace(tr) // complete: the run has ended
 	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
 		msg: err.Error(), close: !keep})
 	c.logOutcome(req, x, n, outcome.String(), status, start, err, tr)
@@ -575,7 +578,12 @@ func (c *conn) cutAfterHead(tr *retry.Trace, o engine.Outcome) engine.Outcome {
 // and Shutdown's cut can only reset the connection (see cutAfterHead).
 func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start time.Time, keep bool) bool {
 	resp, tr := res.Response, res.Trace
-	defer resp.Body.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			resp.Body.Close()
+		}
+	}()
 	n := attemptsOf(tr, nil)
 	// The upstream's header is written as it is minus what removeHopHeaders
 	// would remove and the headers the proxy writes itself, without a copy.
@@ -640,8 +648,14 @@ func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start tim
 	var copyErr error
 	if !noBody {
 		defer c.bodyBegun.Store(false)
-		copyErr = c.copyBody(resp.Body, chunk)
+		copyErr = c.copyBody(resp.Body, chunk, resp.ContentLength)
 	}
+	// The body is read to its end (or broke, or there is none): closed,
+	// the run is complete, and its trace is stored before the answer's
+	// last bytes go out.
+	resp.Body.Close()
+	closed = true
+	c.s.putTrace(tr)
 	if copyErr == nil {
 		copyErr = c.bw.Flush()
 	}
@@ -653,27 +667,40 @@ func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start tim
 	return keep
 }
 
-// copyBody streams a response body to the client, flushing as bytes come.
-// A body that breaks returns its error: the caller aborts the connection,
-// never ending the body cleanly.
-func (c *conn) copyBody(r io.Reader, chunk bool) error {
+// copyBody streams a response body to the client, flushing as bytes come,
+// but for the last bytes (those that reach its length, or come with the
+// end): the caller flushes them once the request's trace is stored. A body
+// that breaks returns its error: the caller aborts the connection, never
+// ending the body cleanly. length is the body's, -1 when unknown.
+func (c *conn) copyBody(r io.Reader, chunk bool, length int64) error {
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
 	buf := *bufp
+	var sent int64
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			sent += int64(n)
 			if !c.bodyBegun.Load() {
 				c.bodyBegun.Store(true) // from here on, Shutdown's cut resets
 			}
 			c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-			if chunk {
-				h1.WriteChunk(c.bw, buf[:n])
-			} else {
+			last := err == io.EOF || sent == length
+			switch {
+			case chunk:
+				h1.WriteChunk(c.bw, buf[:n]) // the end is the last chunk, written at EOF
+			case last:
+				// A large write goes straight through the buffer; the
+				// last byte is held back in it whatever the size.
+				c.bw.Write(buf[:n-1])
+				c.bw.WriteByte(buf[n-1])
+			default:
 				c.bw.Write(buf[:n])
 			}
-			if werr := c.bw.Flush(); werr != nil {
-				return werr
+			if !last {
+				if werr := c.bw.Flush(); werr != nil {
+					return werr
+				}
 			}
 		}
 		if err == io.EOF {
