@@ -98,18 +98,11 @@ func runAgent(c *cli.Context) error {
 	if err := checkPodSource(c); err != nil {
 		return err
 	}
-	stopFloor, err := startHeapFloor(c)
+	log, stopProcess, err := startProcess(c)
 	if err != nil {
 		return err
 	}
-	defer stopFloor()
-	// Batched as `egret proxy`'s: no write(2) per request line.
-	lw := newLogWriter(c.App.ErrWriter)
-	defer lw.Close()
-	log, err := newLogger(c, lw)
-	if err != nil {
-		return err
-	}
+	defer stopProcess()
 	access, err := accessLog(c)
 	if err != nil {
 		return err

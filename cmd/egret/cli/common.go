@@ -175,6 +175,27 @@ func startHeapFloor(c *cli.Context) (stop func(), err error) {
 	return heapfloor.Start(uint64(n)), nil
 }
 
+// startProcess starts what every long-running command (proxy, agent, run)
+// has: --heap-floor, and its logger writing request lines batched (no
+// write(2) per line; written out within logFlushEvery, and at exit). Call
+// stop when the command ends: it writes out the log, then ends the floor.
+func startProcess(c *cli.Context) (log *slog.Logger, stop func(), err error) {
+	stopFloor, err := startHeapFloor(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	lw := newLogWriter(c.App.ErrWriter)
+	stop = func() {
+		lw.Close()
+		stopFloor()
+	}
+	if log, err = newLogger(c, lw); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return log, stop, nil
+}
+
 // pprofFlag serves Go's profiles beside /metrics.
 var pprofFlag = &cli.BoolFlag{Name: "pprof", Usage: "also serve Go's profiles under /debug/pprof/ on the --metrics address"}
 

@@ -96,19 +96,11 @@ func runProxy(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("--connect-ports: "+err.Error(), 2)
 	}
-	stopFloor, err := startHeapFloor(c)
+	log, stopProcess, err := startProcess(c)
 	if err != nil {
 		return err
 	}
-	defer stopFloor()
-	// One line per request: batched, so that logging does not cost a
-	// write(2) per request (written out within logFlushEvery, and at exit).
-	lw := newLogWriter(c.App.ErrWriter)
-	defer lw.Close()
-	log, err := newLogger(c, lw)
-	if err != nil {
-		return err
-	}
+	defer stopProcess()
 	access, err := accessLog(c)
 	if err != nil {
 		return err

@@ -65,18 +65,11 @@ func runRun(c *cli.Context) error {
 	if len(args) == 0 {
 		return usage("run needs a command: egret run [--netns host|new] -- CMD [ARGS...]")
 	}
-	stopFloor, err := startHeapFloor(c)
+	log, stopProcess, err := startProcess(c)
 	if err != nil {
 		return err
 	}
-	defer stopFloor()
-	// Batched as `egret proxy`'s: no write(2) per request line.
-	lw := newLogWriter(c.App.ErrWriter)
-	defer lw.Close()
-	log, err := newLogger(c, lw)
-	if err != nil {
-		return err
-	}
+	defer stopProcess()
 	if c.Bool("quiet") {
 		log = slog.New(levelHandler{slog.LevelWarn, log.Handler()})
 	}
