@@ -68,9 +68,11 @@ var (
 
 // Keeper holds listeners for the agent. Create with Listen, then Serve.
 type Keeper struct {
-	ln   *net.UnixListener
-	path string
-	log  *slog.Logger
+	ln     *net.UnixListener
+	path   string
+	log    *slog.Logger
+	file   os.FileInfo // the socket's file at path
+	unlink sync.Once   // closeListener
 
 	// Hold is how long the listeners of a dead agent are kept for the
 	// next one; 0 keeps them until it comes. Set it before Serve.
@@ -88,27 +90,50 @@ type Keeper struct {
 const DefaultHold = 3 * time.Second
 
 // Listen makes the keeper's socket at path (a stale socket file there is
-// replaced), readable and writable by its owner only.
+// replaced), readable and writable by its owner only. The socket is bound
+// and listening under a temporary name first, then renamed to path: a
+// socket file at path always accepts (DialWait, woken by its appearance,
+// is never refused by a socket bound and not yet listening).
 func Listen(path string, log *slog.Logger) (*Keeper, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != os.ModeSocket {
-			return nil, fmt.Errorf("keeper: %s exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("keeper: %w", err)
-		}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() != os.ModeSocket {
+		return nil, fmt.Errorf("keeper: %s exists and is not a socket", path)
 	}
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	_ = os.Remove(tmp) // left by a keeper of this pid that died here
 	old := syscall.Umask(0o177)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("keeper: %w", err)
 	}
-	ln.SetUnlinkOnClose(true)
-	return &Keeper{ln: ln, path: path, log: log, held: map[string]*os.File{}}, nil
+	// Closing the listener unlinks the name it was bound to, which is
+	// gone: close unlinks path itself.
+	ln.SetUnlinkOnClose(false)
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("keeper: %w", err)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("keeper: %w", err)
+	}
+	return &Keeper{ln: ln, path: path, file: fi, log: log, held: map[string]*os.File{}}, nil
+}
+
+// closeListener closes the keeper's socket and removes its file, unless
+// another keeper's socket has replaced it there.
+func (k *Keeper) closeListener() {
+	k.unlink.Do(func() {
+		k.ln.Close()
+		if fi, err := os.Lstat(k.path); err == nil && os.SameFile(fi, k.file) {
+			os.Remove(k.path)
+		}
+	})
 }
 
 // Path is the keeper's socket.
@@ -130,7 +155,7 @@ func (k *Keeper) Held() []string {
 // socket and every listener held (the agent's pod is going: nothing is
 // left to keep them for).
 func (k *Keeper) Serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { k.ln.Close() })
+	stop := context.AfterFunc(ctx, k.closeListener)
 	defer stop()
 	defer k.closeAll()
 	var expire *time.Timer
@@ -187,7 +212,7 @@ func (k *Keeper) release() {
 }
 
 func (k *Keeper) closeAll() {
-	k.ln.Close()
+	k.closeListener()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for n, f := range k.held {
