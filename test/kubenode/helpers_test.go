@@ -2,6 +2,7 @@ package kubenode_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -103,9 +104,8 @@ func (c *cluster) adminPath(p *corev1.Pod) string {
 	return filepath.Join(c.n.Root(), c.n.Dir, "var", "kubelet", "pods", string(p.UID), "volumes", "kubernetes.io~empty-dir", "run", "agent.sock")
 }
 
-// agentPods asks the agent's admin API for its pods.
-func (c *cluster) agentPods(t testing.TB, p *corev1.Pod) (map[string]agent.PodStatus, error) {
-	t.Helper()
+// adminGet asks the agent's admin API for path and returns its answer.
+func (c *cluster) adminGet(p *corev1.Pod, path string) ([]byte, error) {
 	// The socket's path is longer than a unix address may be: reach it
 	// through a descriptor of its directory.
 	dir, err := os.Open(filepath.Dir(c.adminPath(p)))
@@ -115,14 +115,28 @@ func (c *cluster) agentPods(t testing.TB, p *corev1.Pod) (map[string]agent.PodSt
 	defer dir.Close()
 	hc := agent.AdminClient(fmt.Sprintf("/proc/self/fd/%d/agent.sock", dir.Fd()))
 	hc.Timeout = 5 * time.Second
-	resp, err := hc.Get("http://egret/pods")
+	defer hc.CloseIdleConnections() // one connection per call, closed: the agent's descriptors are counted
+	resp, err := hc.Get("http://egret" + path)
 	if err != nil {
 		return nil, err
 	}
-	defer hc.CloseIdleConnections() // one connection per call, closed: the agent's descriptors are counted
 	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("admin API %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
+	}
+	return b, err
+}
+
+// agentPods asks the agent's admin API for its pods.
+func (c *cluster) agentPods(t testing.TB, p *corev1.Pod) (map[string]agent.PodStatus, error) {
+	t.Helper()
+	b, err := c.adminGet(p, "/pods")
+	if err != nil {
+		return nil, err
+	}
 	var list []agent.PodStatus
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+	if err := json.Unmarshal(b, &list); err != nil {
 		return nil, err
 	}
 	out := map[string]agent.PodStatus{}
@@ -254,15 +268,29 @@ func (c *cluster) expectRetried(t testing.TB, pod string) response {
 	if !strings.Contains(r.status, "200") || r.headers["Egret-Attempts"] != "2" {
 		// What egret and the ledger saw of it, for the cause.
 		var said []string
+		explained := "(no Egret-Request-Id)"
 		if rid := r.headers["Egret-Request-Id"]; rid != "" {
-			for _, line := range strings.Split(c.n.ContainerLog(egretNS, c.agentPod(t).Name, "agent"), "\n") {
+			ap := c.agentPod(t)
+			for _, line := range strings.Split(c.n.ContainerLog(egretNS, ap.Name, "agent"), "\n") {
 				if strings.Contains(line, rid) {
 					said = append(said, line)
 				}
 			}
+			b, err := c.adminGet(ap, "/explain/"+rid)
+			explained = string(b)
+			if err != nil {
+				explained = err.Error()
+			}
 		}
-		t.Fatalf("from %s: %s, Egret-Attempts %q; want 200 after 2 attempts through egret (headers %v; ledger executions %d; agent log %q)",
-			pod, r.status, r.headers["Egret-Attempts"], r.headers, c.led.Executions(id), said)
+		diag := ""
+		if strings.Contains(explained, "connect_timeout") {
+			p, err := c.n.Client.CoreV1().Pods(c.ns).Get(c.ctx(), pod, metav1.GetOptions{})
+			if err == nil {
+				diag = c.netDiag(p.Status.PodIP)
+			}
+		}
+		t.Fatalf("from %s: %s, Egret-Attempts %q; want 200 after 2 attempts through egret (headers %v; body %q; ledger executions %d; agent log %q; explain %s)%s",
+			pod, r.status, r.headers["Egret-Attempts"], r.headers, r.body, c.led.Executions(id), said, explained, diag)
 	}
 	if n := c.led.Executions(id); n != 2 {
 		t.Fatalf("ledger executed %s %d times, want 2", id, n)
@@ -364,3 +392,30 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 var _ = fmt.Sprintf
 var _ http.Header
+
+// netDiag is the state of the node's and a pod's network stacks, for a
+// failure that looks like the network's: sockets with their timers, the
+// TCP counters, the pod's neighbours and the node's packet filter.
+func (c *cluster) netDiag(podIP string) string {
+	script := `
+for ns in /run/netns/*; do
+  if nsenter --net="$ns" ip -4 -o addr 2>/dev/null | grep -q " ` + podIP + `/"; then pod=$ns; fi
+done
+echo "== pod ` + podIP + ` netns $pod: ss"; nsenter --net="$pod" ss -tanoie
+echo "== pod: ip neigh"; nsenter --net="$pod" ip neigh
+echo "== pod: ip rule, route"; nsenter --net="$pod" ip rule; nsenter --net="$pod" ip route
+echo "== pod: nstat"; nsenter --net="$pod" nstat -asz | grep -E -i 'Syn|Drop|Retrans|Reset|Timeout|Attempt|Overflow|Outs|InErrs|OutRsts'
+echo "== node: ss"; ss -tanoi
+echo "== node: nstat"; nstat -asz | grep -E -i 'Syn|Drop|Retrans|Reset|Timeout|Overflow|InErrs|OutRsts'
+echo "== node: iptables"; iptables-save -c 2>&1 | grep -v '^\[0:0\]' | head -80
+echo "== node: nft"; nft list ruleset 2>&1 | head -80
+echo "== node: conntrack"; grep -F ` + podIP + ` /proc/net/nf_conntrack 2>&1 | head -40
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := c.n.Command(ctx, "sh", "-c", script).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%s\n(netDiag: %v)", out, err)
+	}
+	return string(out)
+}

@@ -1,8 +1,10 @@
 package kubenode_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -483,6 +485,9 @@ func (c *cluster) testRestarts(t *testing.T) {
 					t.Logf("egret keeper in the agent's pod: %v", kept)
 				}
 				c.loop(t, ip, "reset")
+				// The old agent's log, open before the kubelet removes it
+				// with its pod: a long gap is explained from both logs.
+				oldLogs := c.n.OpenContainerLog(egretNS, ap.Name, "agent")
 				before := time.Now()
 				isNew := k.do(t, c, ap, round)
 				nap := c.waitAgentReady(t, 3*time.Minute, isNew)
@@ -514,6 +519,21 @@ func (c *cluster) testRestarts(t *testing.T) {
 				res.adoptedTotal += adopted
 				t.Logf("round %d: %v to a Ready agent; gap %.0f ms; %d requests (%d via egret, %d direct), %d failed connects, %d hung, %d failed; adopted %d pods",
 					round, time.Since(before).Round(time.Millisecond), gap, s.Requests, s.ViaEgret, s.Direct, s.FailedConnects, s.Hung, s.FailedRequests, adopted)
+				// One restart starts one agent process: a crash of the
+				// new one is a gap of its own.
+				was, _ := agentRestarts(ap)
+				now, _ := agentRestarts(nap)
+				if want := was + 1; nap.UID != ap.UID && now != 0 || nap.UID == ap.UID && now != want {
+					t.Errorf("round %d: the agent container's restart count went from %d to %d (want %d in the same pod, 0 in a new one): the new agent crashed before it was Ready",
+						round, was, now, want)
+				}
+				if gap > 10_000 {
+					t.Logf("round %d: a gap of %.0f ms; what the agents logged from %s:\n%s", round, gap,
+						before.UTC().Format(time.RFC3339Nano), restartTimeline(before, oldLogs, c.n.ContainerLog(egretNS, nap.Name, "agent")))
+				}
+				for _, f := range oldLogs {
+					f.Close()
+				}
 				if took := time.Since(before); gap > float64((took + 5*time.Second).Milliseconds()) {
 					t.Errorf("round %d: the pod went direct for %.0f ms, longer than the restart took (%v) and 5 s", round, gap, took)
 				}
@@ -662,4 +682,46 @@ func (c *cluster) testUninstall(t *testing.T) {
 		t.Fatalf("after the uninstall: %v\n%s\n(the ledger from the node: %v)", err, out, herr)
 	}
 	c.expectDirect(t, "client")
+}
+
+// restartTimeline is the old agent's log from since on, then the new
+// agent's first lines: time and message of each.
+func restartTimeline(since time.Time, oldLogs []*os.File, newLog string) string {
+	var b strings.Builder
+	on := false // a line at or after since was seen
+	line := func(who, l string) {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) != nil {
+			// Not the logger's: what the process printed as it exited.
+			if on && strings.TrimSpace(l) != "" {
+				fmt.Fprintf(&b, "  %s %s\n", who, l)
+			}
+			return
+		}
+		ts, _ := m["time"].(string)
+		if at, err := time.Parse(time.RFC3339Nano, ts); err == nil && at.Before(since) {
+			return
+		}
+		on = true
+		delete(m, "time")
+		delete(m, "level")
+		msg := m["msg"]
+		delete(m, "msg")
+		rest, _ := json.Marshal(m)
+		fmt.Fprintf(&b, "  %s %s %v %s\n", ts, who, msg, rest)
+	}
+	for _, f := range oldLogs {
+		f.Seek(0, io.SeekStart)
+		for _, l := range strings.Split(kubenode.ReadCRILog(f), "\n") {
+			line("old", l)
+		}
+	}
+	on = true
+	for i, l := range strings.Split(newLog, "\n") {
+		if i == 40 {
+			break
+		}
+		line("new", l)
+	}
+	return b.String()
 }
