@@ -90,8 +90,9 @@ type result struct {
 	non2xx   int
 	errors   int
 	// cpu is the CPU time (user + system) the target's process spent per
-	// request (0: no process of its own, i.e. direct).
-	cpu time.Duration
+	// request (0: no process of its own, i.e. direct); sys is its
+	// system part.
+	cpu, sys time.Duration
 }
 
 // workload is one kind of request: a wrk script and pace's flags for it.
@@ -342,13 +343,15 @@ func measureSaturation(dir, egret, metricsAddr, upAddr string, targets []target,
 					prof = make(chan error, 1)
 					go func() { prof <- fetchProfile(metricsAddr, *duration-time.Second, *profile) }()
 				}
-				cpu0 := cpuTime(tg.pid)
+				u0, s0 := cpuTimes(tg.pid)
 				r, err := runWrk(tg.addr, scripts[ti], *duration)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", w.name, tg.name, err)
 				}
 				if tg.pid != 0 && r.requests > 0 {
-					r.cpu = (cpuTime(tg.pid) - cpu0) / time.Duration(r.requests)
+					u1, s1 := cpuTimes(tg.pid)
+					r.cpu = (u1 + s1 - u0 - s0) / time.Duration(r.requests)
+					r.sys = (s1 - s0) / time.Duration(r.requests)
 				}
 				if prof != nil {
 					if err := <-prof; err != nil {
@@ -366,11 +369,11 @@ func measureSaturation(dir, egret, metricsAddr, upAddr string, targets []target,
 		}
 	}
 
-	fmt.Printf("%-10s %-11s %12s %10s %10s %8s %12s\n", "workload", "target", "requests/s", "p50", "p99", "non-2xx", "CPU/request")
+	fmt.Printf("%-10s %-11s %12s %10s %10s %8s %12s %10s\n", "workload", "target", "requests/s", "p50", "p99", "non-2xx", "CPU/request", "of it sys")
 	for _, w := range workloads {
 		for _, tg := range targets {
 			r := results[key{w.name, tg.name}]
-			fmt.Printf("%-10s %-11s %12.0f %10s %10s %8d %12s\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors, cpuCell(r.cpu))
+			fmt.Printf("%-10s %-11s %12.0f %10s %10s %8d %12s %10s\n", w.name, tg.name, r.rps, fmtDur(r.p50), fmtDur(r.p99), r.non2xx+r.errors, cpuCell(r.cpu), cpuCell(r.sys))
 		}
 	}
 	fmt.Println()
@@ -392,6 +395,8 @@ func measureSaturation(dir, egret, metricsAddr, upAddr string, targets []target,
 			fmt.Printf("  %-10s baselines: throughput egret/haproxy+log %.2f, egret/caddy+log %.2f, go-relay/haproxy %.2f; CPU per request egret/haproxy+log %.2f, egret/caddy+log %s, go-relay/haproxy %.2f, egret/go-relay %.2f, caddy/go-relay %s\n",
 				w.name, e.rps/hl.rps, e.rps/cl.rps, g.rps/h.rps, float64(e.cpu)/float64(max(hl.cpu, 1)), ratio(float64(e.cpu), float64(cl.cpu)),
 				float64(g.cpu)/float64(max(h.cpu, 1)), float64(e.cpu)/float64(max(g.cpu, 1)), ratio(float64(c.cpu), float64(g.cpu)))
+			fmt.Printf("  %-10s split: system CPU per request egret/go-relay %s, user egret/go-relay %s\n",
+				w.name, ratio(float64(e.sys), float64(g.sys)), ratio(float64(e.cpu-e.sys), float64(g.cpu-g.sys)))
 		}
 	}
 	var satErr error
@@ -997,22 +1002,30 @@ func fmtDur(d time.Duration) string {
 // cpuTime is the user + system CPU time process pid has used so far (0 for
 // pid 0), from /proc/PID/stat (in clock ticks of 10 ms).
 func cpuTime(pid int) time.Duration {
+	u, s := cpuTimes(pid)
+	return u + s
+}
+
+// cpuTimes is cpuTime's user and system parts. The system part is the
+// kernel's work for the process: its system calls, and on loopback the
+// delivery of what it writes to the reader's socket.
+func cpuTimes(pid int) (user, sys time.Duration) {
 	if pid == 0 {
-		return 0
+		return 0, 0
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	// The command name (field 2) may hold spaces: count from its ")".
 	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	if len(f) < 13 {
-		return 0
+		return 0, 0
 	}
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
+	return time.Duration(ut) * 10 * time.Millisecond, time.Duration(st) * 10 * time.Millisecond
 }
 
 // fetchProfile writes a CPU profile of egret taken over d (--pprof) to file.
