@@ -41,6 +41,23 @@ func startHold(t *testing.T, hold time.Duration) *keeper.Keeper {
 	return k
 }
 
+// serveAt runs a keeper on sock until the returned stop, which returns
+// what Serve returned.
+func serveAt(t *testing.T, sock string) (stop func() error) {
+	t.Helper()
+	k, err := keeper.Listen(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- k.Serve(ctx) }()
+	return func() error {
+		cancel()
+		return <-served
+	}
+}
+
 func dial(t *testing.T, k *keeper.Keeper) (*keeper.Client, map[string]*os.File) {
 	t.Helper()
 	c, held, err := keeper.Dial(k.Path(), 5*time.Second)
@@ -251,17 +268,7 @@ func TestDialWaitForALateKeeper(t *testing.T) {
 		c, _, err := keeper.DialWait(sock, 30*time.Second)
 		done <- result{c, err}
 	}()
-	k, err := keeper.Listen(sock, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- k.Serve(ctx) }()
-	defer func() {
-		cancel()
-		<-served
-	}()
+	defer serveAt(t, sock)()
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("DialWait for a keeper that started later: %v", r.err)
@@ -371,16 +378,9 @@ func TestDialWaitRacingTheKeepersStart(t *testing.T) {
 			}
 			done <- err
 		}()
-		k, err := keeper.Listen(sock, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		served := make(chan error, 1)
-		go func() { served <- k.Serve(ctx) }()
-		err = <-done
-		cancel()
-		if serr := <-served; serr != nil {
+		stop := serveAt(t, sock)
+		err := <-done
+		if serr := stop(); serr != nil {
 			t.Errorf("Serve: %v", serr)
 		}
 		if err != nil {
