@@ -26,6 +26,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
 	"github.com/egret-proxy/egret/internal/cgroup2"
 )
 
@@ -37,7 +40,15 @@ type Snapshot struct {
 }
 
 // Take reads the host's state now.
-func Take() Snapshot {
+func Take() Snapshot { return TakeIn("") }
+
+// TakeIn reads the state now, with the parts that belong to a network
+// namespace (links, nft tables, iptables rules) read inside the one
+// bind-mounted at netns ("/run/netns/NAME"); "" is this process's own.
+// The rest (named namespaces, mounts, cgroups, pins) is the host's
+// whatever netns says. A test uses it to stand a scratch namespace in for
+// the host, so that what it checks is a network state it made itself.
+func TakeIn(netns string) Snapshot {
 	var s Snapshot
 	add := func(kind string, items []string, err error) {
 		for _, it := range items {
@@ -47,9 +58,9 @@ func Take() Snapshot {
 			s.Errors = append(s.Errors, kind+": "+err.Error())
 		}
 	}
-	netns, err := namedNetns()
-	add("netns", netns, err)
-	links, err := links()
+	named, err := namedNetns()
+	add("netns", named, err)
+	links, err := links(netns)
 	add("link", links, err)
 	mounts, bpffs, cgroupfs, err := mounts()
 	add("mount", mounts, err)
@@ -63,10 +74,10 @@ func Take() Snapshot {
 		pins, err := walk(root, false)
 		add("pin", pins, err)
 	}
-	tables, err := command("nft", "list", "tables")
+	tables, err := command(netns, "nft", "list", "tables")
 	add("nft", tables, err)
 	for _, save := range []string{"iptables-save", "ip6tables-save"} {
-		rules, err := command(save)
+		rules, err := command(netns, save)
 		add(strings.TrimSuffix(save, "-save"), iptablesRules(rules), err)
 	}
 	slices.Sort(s.Items)
@@ -125,8 +136,12 @@ func namedNetns() ([]string, error) {
 	return out, err
 }
 
-// links lists the interfaces of this process's network namespace by name.
-func links() ([]string, error) {
+// links lists the interfaces of the network namespace at netns (this
+// process's for "") by name.
+func links(netns string) ([]string, error) {
+	if netns != "" {
+		return linksIn(netns)
+	}
 	ents, err := os.ReadDir("/sys/class/net")
 	var out []string
 	for _, e := range ents {
@@ -210,13 +225,39 @@ func unescape(s string) string {
 	return b.String()
 }
 
-// command runs a listing command; a command this host lacks lists
+// linksIn lists the interfaces of the network namespace at path by name,
+// through a netlink socket opened in it.
+func linksIn(path string) ([]string, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	ls, err := h.LinkList()
+	var out []string
+	for _, l := range ls {
+		out = append(out, l.Attrs().Name)
+	}
+	return out, err
+}
+
+// command runs a listing command, inside the network namespace at netns
+// (through nsenter) unless it is ""; a command this host lacks lists
 // nothing (it cannot have made anything either).
-func command(name string, args ...string) ([]string, error) {
+func command(netns, name string, args ...string) ([]string, error) {
 	if _, err := exec.LookPath(name); err != nil {
 		return nil, nil
 	}
-	out, err := exec.Command(name, args...).Output()
+	cmd := exec.Command(name, args...)
+	if netns != "" {
+		cmd = exec.Command("nsenter", append([]string{"--net=" + netns, "--", name}, args...)...)
+	}
+	out, err := cmd.Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
 			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
