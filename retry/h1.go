@@ -69,6 +69,10 @@ type h1Pool struct {
 	// out of idle until they are closed: once closeIdle returns, no sweep
 	// still closes a connection (whose witness its owner may then close).
 	closing sync.Mutex
+	// idled, when set (by tests), is called each time a connection goes
+	// back to idle: a body's last write may put it back after the
+	// response ended, and a test that counts connections waits for it.
+	idled func()
 }
 
 // poolKey names the connections that can carry a request: scheme and
@@ -270,6 +274,9 @@ func (p *h1Pool) put(c *h1Conn) {
 	p.mu.Unlock()
 	if sweep {
 		time.AfterFunc(p.t.opts.IdleConnTimeout, p.sweep)
+	}
+	if p.idled != nil {
+		p.idled()
 	}
 }
 

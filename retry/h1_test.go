@@ -261,6 +261,11 @@ func TestH1RequestWireFormat(t *testing.T) {
 	})
 	base := NewHTTPTransport(HTTPOptions{})
 	defer base.CloseIdleConnections()
+	// A streamed body's last write may return the connection to the pool
+	// after the response ended: each request waits for that before the
+	// next, so that all of them can share one connection.
+	idled := make(chan struct{}, 1)
+	base.h1.idled = func() { idled <- struct{}{} }
 	oneShot := func(s string) io.ReadCloser { return io.NopCloser(io.MultiReader(strings.NewReader(s))) }
 	for _, tc := range []struct {
 		name   string
@@ -283,6 +288,7 @@ func TestH1RequestWireFormat(t *testing.T) {
 		req.Header.Set("User-Agent", "egret-test")
 		roundTripBody(t, base, req)
 		s := <-got
+		<-idled
 		tc.want.ua = "egret-test"
 		if s.cl != tc.want.cl || strings.Join(s.te, ",") != strings.Join(tc.want.te, ",") || s.body != tc.want.body || s.ua != tc.want.ua {
 			t.Fatalf("%s: upstream saw length %d te %v body %d bytes ua %q", tc.name, s.cl, s.te, len(s.body), s.ua)
