@@ -62,3 +62,34 @@ func TestEgretHeadersStripped(t *testing.T) {
 		check(t, tc.name+" upgrade", string(up.bytes()[before:]), "")
 	}
 }
+
+// FuzzEgretFieldsStripped: whatever field lines a client sends, once
+// egret's parser took the head, no Egret-* field is left for the
+// upstream, and a field that is neither egret's nor hop-by-hop stays.
+func FuzzEgretFieldsStripped(f *testing.F) {
+	for _, s := range []string{
+		"Egret-Outcome: ambiguous\r\n", "egret-attempts: 3\r\n", "EGRET-REQUEST-ID: x\r\n",
+		"Egret-Timeout-Ms: 10\r\n", "Egret-: x\r\n", "Egret-X-Y: 1\r\nX-Kept: 1\r\n",
+		"Connection: Egret-Outcome\r\nEgret-Outcome: 1\r\n", "Egret_Outcome: 1\r\n", "Egret-Outcome : 1\r\n",
+		"X-Egret-Outcome: 1\r\n",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, fields string) {
+		req, _, err := parseHead([]byte("GET http://x/ HTTP/1.1\r\nHost: x\r\n" + fields + "\r\n"))
+		if err != nil {
+			return
+		}
+		kept := req.Header.Get("X-Kept")
+		named := strings.Contains(strings.ToLower(strings.Join(req.Header["Connection"], ",")), "x-kept")
+		removeHopHeaders(req.Header)
+		for k := range req.Header {
+			if len(k) >= 6 && strings.EqualFold(k[:6], "egret-") {
+				t.Fatalf("%q: %q left for the upstream", fields, k)
+			}
+		}
+		if !named && req.Header.Get("X-Kept") != kept {
+			t.Fatalf("%q: X-Kept %q became %q", fields, kept, req.Header.Get("X-Kept"))
+		}
+	})
+}
