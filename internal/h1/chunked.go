@@ -15,10 +15,11 @@ import (
 // that the connection is left at the next message. Both are read as
 // net/http reads them: the chunks by its decoder (httputil.NewChunkedReader),
 // whose errors are returned as they are; the trailer section only if its
-// end (CRLF CRLF) is within br's buffer (else ErrHeadTooLarge: that is
-// its bound), then by net/textproto (a line it refuses is ErrMalformed). A
-// stream that ends in it is io.ErrUnexpectedEOF. FuzzChunkedReader holds
-// it to net/http's reading of a request body. An error is returned again by
+// end (its first empty line, ended by CRLF or a bare LF, where net/http
+// looks for CRLF CRLF) is within br's buffer (else ErrHeadTooLarge: that
+// is its bound), then by net/textproto (a line it refuses is
+// ErrMalformed). A stream that ends in it is io.ErrUnexpectedEOF.
+// FuzzChunkedReader holds it to net/http's reading of a request body. An error is returned again by
 // every later Read. Close does nothing: the stream belongs to the
 // connection.
 type ChunkedReader struct {
