@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -172,8 +174,9 @@ func TestSelfLoopTransparent(t *testing.T) {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(10 * time.Second))
 			io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			// Closed with the request unread: an end or a reset, no answer.
 			b, err := io.ReadAll(c)
-			if err != nil || len(b) != 0 {
+			if err != nil && !errors.Is(err, syscall.ECONNRESET) || len(b) != 0 {
 				t.Errorf("a pod's connection to egret's own listener as %s: got %q %v, want it closed", dst, b, err)
 			}
 			if n, a := ln.conns.Load(), asked.Load(); n != 1 || a != 1 {
