@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -71,6 +74,16 @@ func FuzzGuardAddress(f *testing.F) {
 	}
 	go srv.Serve(self)
 	f.Cleanup(func() { srv.Shutdown(context.Background()) })
+	// An answer means Serve accepts: its listener is registered.
+	c, err := net.Dial("tcp", self.Addr().String())
+	if err != nil {
+		f.Fatal(err)
+	}
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+		f.Fatal(err)
+	}
+	c.Close()
 	selfAP := self.Addr().(*net.TCPAddr).AddrPort()
 	protAP := protect6.Addr().(*net.TCPAddr).AddrPort()
 	ports := []uint16{selfAP.Port(), protAP.Port(), 80}
