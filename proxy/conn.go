@@ -280,6 +280,10 @@ func (c *conn) begin() bool {
 			return false
 		}
 		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+		if c.s.loops(dst) {
+			log.Warn("original destination is egret's own listener: a loop", "client", c.c.RemoteAddr().String(), "dst", dst.String())
+			return false
+		}
 		c.dst, c.dstAddr, c.dstHost = dst, dst.String(), dst.Addr().String()
 		proto, err := sniff(c.c, c.br, c.s.cfg.SniffTimeout)
 		if err != nil || proto != ProtoHTTP1 && c.s.cut.Load() {

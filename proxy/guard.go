@@ -23,7 +23,8 @@ var ErrDestinationDenied = fmt.Errorf("%w: destination denied", retry.ErrProfile
 // guardDial returns the dial every upstream attempt, passthrough and
 // CONNECT uses. In transparent mode it is d (the pod reaches through egret
 // only what it could reach directly: its own network namespace and
-// policy). In explicit mode egret dials from its own network, so each
+// policy; a destination that is egret's own listener is refused when the
+// connection is accepted, see loops). In explicit mode egret dials from its own network, so each
 // address is checked (checkDest) before the connection is made: a name is
 // checked as resolved, at connect(2), so that a name pointing at a denied
 // address is caught too. A DialFunc given in the Config is checked before
@@ -37,7 +38,9 @@ func (s *Server) guardDial(d DialFunc) DialFunc {
 		return d
 	}
 	if d == nil {
-		nd := &net.Dialer{Timeout: s.cfg.DialTimeout,
+		// Names' resolver is egret's own: the name is resolved there and
+		// each address it gives is checked as it is dialled.
+		nd := &net.Dialer{Timeout: s.cfg.DialTimeout, Resolver: s.cfg.Names.Resolver,
 			ControlContext: func(_ context.Context, _, address string, _ syscall.RawConn) error {
 				ap, err := netip.ParseAddrPort(address)
 				if err != nil {
@@ -67,6 +70,14 @@ func (s *Server) guardDial(d DialFunc) DialFunc {
 	}
 }
 
+// loops reports whether a transparent connection's original destination
+// dst is one of the Server's own listeners (also as 0.0.0.0, [::] or an
+// IPv4-mapped form of its address): served, egret would dial itself for
+// the connection, and again for that one.
+func (s *Server) loops(dst netip.AddrPort) bool {
+	return s.isSelf(netip.AddrPortFrom(reached(dst.Addr()), dst.Port()))
+}
+
 // checkTarget refuses, before any dial, an explicit-mode target given as
 // an address egret must not connect to. A name is checked when dialled.
 func (s *Server) checkTarget(host string, port int) error {
@@ -78,10 +89,14 @@ func (s *Server) checkTarget(host string, port int) error {
 }
 
 // checkDest says why egret must not connect to ap for a client, or nil.
+// It judges the address a connect(2) to ap reaches (reached): 0.0.0.0
+// and [::] are this host's loopback, so a deny of 127.0.0.0/8 (or ::1)
+// refuses them too, and so do the self checks.
 func (s *Server) checkDest(ap netip.AddrPort) error {
-	a := ap.Addr().Unmap()
-	if s.cfg.Policy.Current().Denied(a) {
-		return fmt.Errorf("%w: %s is in the policy's deny_destinations", ErrDestinationDenied, a)
+	a := reached(ap.Addr())
+	pol := s.cfg.Policy.Current()
+	if pol.Denied(a) || pol.Denied(ap.Addr().WithZone("")) {
+		return fmt.Errorf("%w: %s is in the policy's deny_destinations", ErrDestinationDenied, ap.Addr())
 	}
 	if s.isSelf(netip.AddrPortFrom(a, ap.Port())) {
 		return fmt.Errorf("%w: %s is egret's own address (a loop, or its metrics)", ErrDestinationDenied, ap)
@@ -89,9 +104,27 @@ func (s *Server) checkDest(ap netip.AddrPort) error {
 	return nil
 }
 
-// isSelf reports whether ap reaches one of the Server's listeners or
-// protected addresses: the same port, and the same address or, for one
-// listening on every address, any address of this host.
+// reached is the address that a TCP connect(2) to a reaches on Linux, in
+// the form the guards compare: an IPv4-mapped address is its IPv4 one;
+// the unspecified address is the loopback of its family (the kernel
+// connects 0.0.0.0, also as ::ffff:0.0.0.0, to 127.0.0.1 and :: to ::1);
+// a zone is dropped (it names the link, not the host: fe80::1%eth0 is
+// fe80::1, in fe80::/10).
+func reached(a netip.Addr) netip.Addr {
+	a = a.Unmap().WithZone("")
+	switch a {
+	case netip.IPv4Unspecified():
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	case netip.IPv6Unspecified():
+		return netip.IPv6Loopback()
+	}
+	return a
+}
+
+// isSelf reports whether ap (an address as reached gives it) reaches one
+// of the Server's listeners or protected addresses: the same port, and
+// the same address or, for one listening on every address, any address
+// of this host.
 func (s *Server) isSelf(ap netip.AddrPort) bool {
 	var own []netip.AddrPort
 	s.mu.Lock()
@@ -107,7 +140,7 @@ func (s *Server) isSelf(ap netip.AddrPort) bool {
 		if o.Port() != ap.Port() {
 			continue
 		}
-		oa := o.Addr().Unmap()
+		oa := o.Addr().Unmap().WithZone("")
 		if oa == ap.Addr() {
 			return true
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -267,14 +268,21 @@ func bodyReader(req *http.Request, br *bufio.Reader) io.Reader {
 	return nil
 }
 
-// chunkedBody is a chunked request body whose errors, but its end, are
-// the client's: ErrBadRequest. Trailers are not forwarded.
+// chunkedBody is a chunked request body whose errors of syntax are the
+// client's: ErrBadRequest. An error of the connection is returned as it
+// is, as a Content-Length body's is: a stalled body's deadline is a 408,
+// not a 400. Trailers are not forwarded.
 type chunkedBody struct{ r *h1.ChunkedReader }
 
 func (b *chunkedBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err != nil && err != io.EOF {
-		err = fmt.Errorf("%w: chunked body: %v", ErrBadRequest, err)
+		var ne net.Error
+		if errors.As(err, &ne) {
+			err = fmt.Errorf("chunked body: %w", err)
+		} else {
+			err = fmt.Errorf("%w: chunked body: %v", ErrBadRequest, err)
+		}
 	}
 	return n, err
 }

@@ -21,7 +21,10 @@ var hopHeaders = []string{
 }
 
 // removeHopHeaders deletes from h the hop-by-hop headers, every header named
-// by a Connection header, and every Proxy-* header.
+// by a Connection header, every Proxy-* header, and every Egret-* header: a
+// client's are egret's inputs (Egret-Timeout-Ms, read before) or forgeries
+// of what egret says (Egret-Outcome, Egret-Attempts), and an upstream must
+// see only egret's own (Egret-Request-Id, set after).
 func removeHopHeaders(h http.Header) {
 	for _, v := range h["Connection"] {
 		for f := range strings.SplitSeq(v, ",") {
@@ -36,8 +39,14 @@ func removeHopHeaders(h http.Header) {
 		}
 	}
 	for k := range h {
-		if strings.HasPrefix(k, "Proxy-") || slices.Contains(hopHeaders, k) {
+		if strings.HasPrefix(k, "Proxy-") || isEgretField(k) || slices.Contains(hopHeaders, k) {
 			delete(h, k)
 		}
 	}
+}
+
+// isEgretField reports whether the field name k is one of egret's own
+// (Egret-*, in any case).
+func isEgretField(k string) bool {
+	return len(k) >= len("Egret-") && strings.EqualFold(k[:len("Egret-")], "Egret-")
 }

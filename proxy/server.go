@@ -182,7 +182,9 @@ type Config struct {
 	Learner Learner
 	// Names proves transparent requests' Host names against their original
 	// destinations (egret's resolver, never the pod's); one per node
-	// (default: a Names of the server's own on net.DefaultResolver).
+	// (default: a Names of the server's own on net.DefaultResolver). In
+	// explicit mode, without a Dial, its Resolver resolves the names egret
+	// dials.
 	Names *Names
 
 	// ConnectPorts are the ports an explicit-mode CONNECT may reach

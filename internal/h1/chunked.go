@@ -15,10 +15,11 @@ import (
 // that the connection is left at the next message. Both are read as
 // net/http reads them: the chunks by its decoder (httputil.NewChunkedReader),
 // whose errors are returned as they are; the trailer section only if its
-// end (CRLF CRLF) is within br's buffer (else ErrHeadTooLarge: that is
-// its bound), then by net/textproto (a line it refuses is ErrMalformed). A
-// stream that ends in it is io.ErrUnexpectedEOF. FuzzChunkedReader holds
-// it to net/http's reading of a request body. An error is returned again by
+// end (its first empty line, ended by CRLF or a bare LF, where net/http
+// looks for CRLF CRLF) is within br's buffer (else ErrHeadTooLarge: that
+// is its bound), then by net/textproto (a line it refuses is
+// ErrMalformed). A stream that ends in it is io.ErrUnexpectedEOF.
+// FuzzChunkedReader holds it to net/http's reading of a request body. An error is returned again by
 // every later Read. Close does nothing: the stream belongs to the
 // connection.
 type ChunkedReader struct {
@@ -51,20 +52,34 @@ func (c *ChunkedReader) Read(p []byte) (int, error) {
 func (c *ChunkedReader) Close() error { return nil }
 
 // trailer reads the trailer section and the empty line that ends it, as
-// net/http's body.readTrailer does.
+// net/http's body.readTrailer does, but for where it looks for the end:
+// the first empty line, ended by CRLF or by a bare LF (RFC 9112 section
+// 2.2 lets a recipient take a bare LF as a line's end, and
+// textproto.ReadMIMEHeader, which reads the section, does), where net/http
+// waits for a CRLF CRLF, which after a trailer ended by bare LFs only comes
+// with the client's next bytes. An error reading the connection is
+// returned as it is (a deadline stays a deadline).
 func (c *ChunkedReader) trailer() error {
-	buf, err := c.br.Peek(2)
-	if string(buf) == "\r\n" {
-		c.br.Discard(2)
+	// The common case, no trailer: the empty line at once. A byte at a
+	// time: a bare LF may be the last byte the client sends.
+	buf, err := c.br.Peek(1)
+	if len(buf) == 1 && buf[0] == '\r' {
+		buf, err = c.br.Peek(2)
+	}
+	if string(buf) == "\r\n" || string(buf) == "\n" {
+		c.br.Discard(len(buf))
 		return nil
 	}
-	if len(buf) < 2 && (err == nil || err == io.EOF) {
-		err = io.ErrUnexpectedEOF
-	}
 	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
 		return fmt.Errorf("reading the trailer: %w", err)
 	}
-	if !upcomingDoubleCRLF(c.br) {
+	switch ended, err := upcomingEmptyLine(c.br); {
+	case err != nil:
+		return fmt.Errorf("reading the trailer: %w", err)
+	case !ended:
 		return errorf(ErrHeadTooLarge, "trailer section longer than the read buffer")
 	}
 	if _, err := textproto.NewReader(c.br).ReadMIMEHeader(); err != nil {
@@ -80,15 +95,30 @@ func (c *ChunkedReader) trailer() error {
 	return nil
 }
 
-// upcomingDoubleCRLF reports whether CRLF CRLF comes within br's buffer.
-func upcomingDoubleCRLF(br *bufio.Reader) bool {
-	for n := 4; ; n++ {
+// upcomingEmptyLine reports whether an empty line (LF or CRLF, at the
+// start or after a LF) comes within br's buffer, reading no further than
+// its end: false when the buffer fills first. The stream's end before it
+// is io.ErrUnexpectedEOF; another error of the stream is returned as it
+// is.
+func upcomingEmptyLine(br *bufio.Reader) (bool, error) {
+	for n := 1; ; n++ {
 		buf, err := br.Peek(n) // more is read only when n passes what is buffered
-		if bytes.HasSuffix(buf, []byte("\r\n\r\n")) {
-			return true
+		if len(buf) == n && buf[n-1] == '\n' {
+			line := buf[:n-1]
+			if i := bytes.LastIndexByte(line, '\n'); i >= 0 {
+				line = line[i+1:]
+			}
+			if len(line) == 0 || string(line) == "\r" {
+				return true, nil
+			}
 		}
-		if err != nil {
-			return false
+		switch {
+		case err == bufio.ErrBufferFull:
+			return false, nil
+		case err == io.EOF:
+			return false, io.ErrUnexpectedEOF
+		case err != nil:
+			return false, err
 		}
 	}
 }
