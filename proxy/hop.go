@@ -21,7 +21,8 @@ var hopHeaders = []string{
 }
 
 // removeHopHeaders deletes from h the hop-by-hop headers, every header named
-// by a Connection header, and every Proxy-* header.
+// by a Connection header but the message's framing, and every Proxy-*
+// header.
 func removeHopHeaders(h http.Header) {
 	for _, v := range h["Connection"] {
 		for f := range strings.SplitSeq(v, ",") {
@@ -31,7 +32,9 @@ func removeHopHeaders(h http.Header) {
 				if k, ok := canonicalKey(f); ok {
 					f = k
 				}
-				delete(h, f)
+				if !framing(f) {
+					delete(h, f)
+				}
 			}
 		}
 	}
@@ -40,4 +43,14 @@ func removeHopHeaders(h http.Header) {
 			delete(h, k)
 		}
 	}
+}
+
+// framing reports whether the field k (canonical or not) frames the
+// message (RFC 9112 section 6): a Connection field naming it never takes
+// it away, since the body it frames still comes, and without it the next
+// hop would read that body as the next message. (Transfer-Encoding is
+// hop-by-hop anyway: the body is framed again for the next hop from what
+// was read, never from the field.)
+func framing(k string) bool {
+	return asciiEqualFold(k, "Content-Length") || asciiEqualFold(k, "Transfer-Encoding")
 }
