@@ -318,3 +318,32 @@ func mustAddrPort(t *testing.T, addr string) netip.AddrPort {
 	}
 	return ap
 }
+
+// TestUpgradeIdleTimeout: in explicit mode an upgraded connection is a
+// tunnel, closed as a CONNECT tunnel is when silent both ways for
+// TunnelIdleTimeout.
+func TestUpgradeIdleTimeout(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: quiet\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		io.Copy(io.Discard, brw) // says nothing, until the proxy closes
+	})
+	ap := mustAddrPort(t, up.addr)
+	p := startProxy(t, Config{TunnelIdleTimeout: 200 * time.Millisecond, ConnectPorts: []int{int(ap.Port())}})
+	c, br := dialProxy(t, p)
+	io.WriteString(c, "GET "+up.url("/")+" HTTP/1.1\r\nHost: "+up.addr+"\r\nConnection: Upgrade\r\nUpgrade: quiet\r\n\r\n")
+	resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake: %v %v", resp, err)
+	}
+	// The client's deadline is 10 s: only the idle timeout ends this
+	// read with the connection's end.
+	if b, err := io.ReadAll(br); err != nil || len(b) != 0 {
+		t.Fatalf("a silent upgraded connection: read %q, %v; want its end", b, err)
+	}
+}
