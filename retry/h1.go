@@ -999,13 +999,18 @@ func offered(list []string, p string) bool {
 }
 
 // upgraded returns the body of a 101 response: the connection, no longer
-// watched for the witness (the attempt is over; a witnessConn would refuse
-// writes after the upstream's half-close).
+// watched for the witness (the attempt is over; a frozen witnessConn
+// would refuse writes after the upstream's half-close, and reset bytes
+// still queued when it closes). A plain connection is used without its
+// wrapper, so that it can half-close.
 func (c *h1Conn) upgraded() *h1Upgraded {
 	nc := c.nc
-	if c.wc != nil && nc == net.Conn(c.wc) {
-		nc = c.wc.NetConn()
-		c.lr.c = nc
+	if c.wc != nil {
+		c.wc.handOver()
+		if nc == net.Conn(c.wc) {
+			nc = c.wc.NetConn()
+			c.lr.c = nc
+		}
 	}
 	return &h1Upgraded{Conn: nc, c: c}
 }
