@@ -63,6 +63,10 @@ type conn struct {
 	idleUntil time.Time
 	served    int
 	pk        parkState // while parked (park_linux.go)
+	// upgradedTo is the upstream connection a request switched protocols
+	// on (switched): the loop pipes the client to it once the request's
+	// hold on the pod's limits is given back.
+	upgradedTo io.ReadWriteCloser
 }
 
 // Lingering close: how long and how much of the client's remaining input
@@ -429,7 +433,28 @@ func (c *conn) next() bool {
 	}
 	keep := c.handle(req, order, head, start)
 	c.linger = !keep
+	if up := c.upgradedTo; up != nil {
+		c.upgradedTo = nil
+		c.linger = false
+		c.pipeUpgraded(up)
+	}
 	return keep
+}
+
+// pipeUpgraded copies bytes both ways between the client and the upstream
+// connection its request switched protocols on, the client's bytes that
+// followed the request first. In explicit mode it is closed, as a CONNECT
+// tunnel is, when silent both ways for TunnelIdleTimeout.
+func (c *conn) pipeUpgraded(up io.ReadWriteCloser) {
+	c.c.SetWriteDeadline(time.Time{})
+	c.c.SetReadDeadline(time.Time{})
+	var a, b io.ReadWriteCloser = &bufferedConn{Conn: c.c, r: c.br}, up
+	if d, ok := up.(deadlineRW); ok && c.s.cfg.Mode == Explicit {
+		idle := newIdleClock(c.s.cfg.TunnelIdleTimeout)
+		a, b = idle.wrap(&bufferedConn{Conn: c.c, r: c.br}), idle.wrap(d)
+	}
+	aToB, bToA := pipe(a, b, nil)
+	c.s.cfg.Logger.Debug("passthrough", "protocol", string(ProtoUpgrade), "sent", aToB, "received", bToA)
 }
 
 // refuse answers a request the proxy will not forward. The connection is
@@ -735,20 +760,4 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 		status: http.StatusOK, start: start})
 	idle := newIdleClock(c.s.cfg.TunnelIdleTimeout)
 	pipe(idle.wrap(&bufferedConn{Conn: c.c, r: c.br}), idle.wrap(up), nil)
-}
-
-// wantsUpgrade reports whether the request asks to switch protocols (e.g.
-// WebSocket); such a request is not retried but passed through.
-func wantsUpgrade(req *http.Request) bool {
-	if field(req.Header, "Upgrade") == "" {
-		return false
-	}
-	for _, v := range req.Header["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), "upgrade") {
-				return true
-			}
-		}
-	}
-	return false
 }

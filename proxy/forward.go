@@ -131,9 +131,15 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 			return false
 		}
 	}
-	if wantsUpgrade(req) {
-		c.upgrade(req, tg, id, start)
-		return false
+	// A request asking to switch protocols is HTTP until the upstream's
+	// 101: framed, forwarded and answered as any other. Its switch is a
+	// tunnel, so it goes only where a CONNECT may.
+	upgrade := retry.AsksUpgrade(req)
+	if upgrade {
+		if err := c.upgradeAllowed(tg); err != nil {
+			c.refuse(req, id, start, http.StatusForbidden, err.Error())
+			return false
+		}
 	}
 	var shorten time.Duration
 	if v := field(req.Header, HeaderTimeoutMs); v != "" {
@@ -217,16 +223,33 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 	if b := cfg.Bulkheads.Get(ident.Budget, up.Bulkhead); b != nil {
 		x.rx.Bulkhead = b
 	}
-	x.rx.Base, err = c.s.bases.get(up, ident.Host)
+	proto := up.Protocol
+	if upgrade {
+		proto = policy.ProtocolHTTP1
+	}
+	x.rx.Base, err = c.s.bases.get(up, ident.Host, proto)
 	if err != nil {
 		c.refuse(req, id, start, http.StatusBadGateway, err.Error())
 		return false
 	}
-	x.rx.Request = c.outgoing(req, tg, body, x)
+	x.rx.Request = c.outgoing(req, tg, body, x, upgrade)
 	res := c.s.runner.Run(&x.rx)
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
 	keep := !req.Close && !c.s.closing.Load() && (body == nil || body.Done())
+	if res.Err == nil && res.Response.StatusCode == http.StatusSwitchingProtocols {
+		// The base checked that the 101 answers the switch this request
+		// asked for; one that did not (another Runner) is no answer.
+		_, conn := res.Response.Body.(io.ReadWriteCloser)
+		if !upgrade || !conn || req.Close || body != nil && !body.Done() {
+			res.Response.Body.Close()
+			res = retry.Result{Err: &retry.Error{Outcome: engine.OutcomeFailed, Status: http.StatusBadGateway,
+				Attempts: attemptsOf(res.Trace, nil), Trace: res.Trace, Err: errUnaskedSwitch}, Trace: res.Trace}
+		} else {
+			c.switched(req, x, res, start)
+			return false
+		}
+	}
 	// Each answer stores the request's trace before the client has the
 	// whole answer: a client that asks for its explanation as soon as it
 	// has read its answer finds it.
@@ -437,10 +460,16 @@ func (r *deadlineReader) Read(p []byte) (int, error) {
 // request's, changed in place: the proxy reads no header of req after this,
 // and the request sent upstream (whose header the attempt runner owns from
 // now on) is the only user of it.
-func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *exchange) *http.Request {
+func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *exchange, upgrade bool) *http.Request {
 	h := req.Header
 	req.Header = nil
+	upg := h["Upgrade"]
 	removeHopHeaders(h)
+	if upgrade {
+		// The switch asked for goes on: Connection names only it.
+		h["Connection"] = []string{"Upgrade"}
+		h["Upgrade"] = upg
+	}
 	delete(h, "Expect") // the proxy already has the body
 	x.vals[0] = x.ID
 	h[HeaderRequestID] = x.vals[0:1:1]
@@ -861,56 +890,67 @@ func (c *conn) logRequest(l requestLog) {
 	_ = h.Handle(ctx, r)
 }
 
-// upgrade passes a protocol-switching request (e.g. WebSocket) through to
-// the upstream, without retries: its head is written again from the parsed
-// request with the same hygiene as any forwarded request (hop-by-hop and
-// Proxy-* fields removed (folded lines were refused by the parser),
-// Via added in explicit mode), keeping only the Connection: Upgrade and
-// Upgrade fields the switch needs; then bytes are copied both ways.
-func (c *conn) upgrade(req *http.Request, tg target, id string, start time.Time) {
-	addr := c.dstAddr
-	if c.s.cfg.Mode == Explicit {
-		addr = net.JoinHostPort(tg.host, strconv.Itoa(tg.port))
+// errUnaskedSwitch: a 101 that answers no request to switch.
+var errUnaskedSwitch = errors.New("the upstream answered 101 Switching Protocols to a request that cannot switch")
+
+// upgradeAllowed says why the switch tg's request asks for may not be
+// made, or nil. In explicit mode the upgraded connection is a tunnel to
+// the target: it may reach only the ports a CONNECT may (ConnectPorts),
+// and the target's address was checked as a CONNECT's is (a name is
+// checked as dialled). In transparent mode it goes to the original
+// destination, which the pod reaches without egret anyway.
+func (c *conn) upgradeAllowed(tg target) error {
+	if c.s.cfg.Mode != Explicit || slices.Contains(c.s.cfg.ConnectPorts, tg.port) {
+		return nil
 	}
-	prefix := c.upgradeHead(req, tg)
-	c.logRequest(requestLog{id: id, method: req.Method, u: req.URL, attempts: 1, outcome: "upgrade", start: start})
-	c.passthrough(ProtoUpgrade, addr, prefix)
+	return fmt.Errorf("Upgrade to port %d is not allowed: an upgraded connection is a tunnel, and tunnels reach only the ports %v", tg.port, c.s.cfg.ConnectPorts)
 }
 
-// upgradeHead writes the head of an upgrade request as it goes upstream.
-func (c *conn) upgradeHead(req *http.Request, tg target) []byte {
-	h := req.Header
-	upg := h["Upgrade"]
-	removeHopHeaders(h)
-	h["Connection"] = []string{"Upgrade"}
-	h["Upgrade"] = upg
-	if chunked(req) {
-		h["Transfer-Encoding"] = []string{"chunked"} // the body's framing, as it follows
+// switched answers a request the upstream switched protocols for: the 101
+// goes to the client (the upstream's fields less the hop-by-hop ones, the
+// switch's Connection and Upgrade, egret's own), the request is logged
+// (outcome upgrade) and its trace stored, and the connection is handed to
+// the loop to be piped (c.upgradedTo): from here on its bytes are not
+// HTTP. Everything of the request was read before the switch (the base
+// writes the whole request before it hands over the connection).
+func (c *conn) switched(req *http.Request, x *exchange, res retry.Result, start time.Time) {
+	resp, tr := res.Response, res.Trace
+	n := attemptsOf(tr, nil)
+	c.s.putTrace(tr)
+	c.s.cfg.Metrics.request(labelRelayed)
+	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), labelRelayed, n, tr)
+	c.s.cfg.Metrics.passedThrough(ProtoUpgrade)
+	// A tunnel from here: Shutdown's cut resets it (checked after the
+	// state is set, as the cut sets cut before it looks at states).
+	c.s.setState(c, stateTunnel)
+	l := requestLog{id: x.ID, method: req.Method, u: req.URL, upstream: x.Identity.Budget, attempts: n,
+		outcome: "upgrade", status: http.StatusSwitchingProtocols, start: start}
+	if c.s.cut.Load() {
+		resp.Body.Close()
+		c.abort()
+		l.err = "egret shut down as the upstream switched protocols"
+		c.logRequest(l)
+		return
 	}
-	if c.s.cfg.Mode == Explicit && c.s.cfg.Via != "" {
-		h["Via"] = append(h["Via"], c.s.via(req.ProtoMajor, req.ProtoMinor))
+	c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	bw := c.bw
+	bw.WriteString("HTTP/1.1 101 Switching Protocols\r\n")
+	writeRelayedHeader(bw, resp.Header)
+	writeField(bw, "Connection", "Upgrade")
+	for _, v := range resp.Header["Upgrade"] {
+		writeField(bw, "Upgrade", textproto.TrimString(v))
 	}
-	host := req.Host
-	target := req.URL.RequestURI()
-	if c.s.cfg.Mode == Explicit {
-		host = req.URL.Host
+	writeField(bw, HeaderRequestID, x.ID)
+	writeField(bw, HeaderAttempts, strconv.Itoa(n))
+	bw.WriteString("\r\n")
+	if err := bw.Flush(); err != nil {
+		resp.Body.Close()
+		l.e = err
+		c.logRequest(l)
+		return
 	}
-	var b strings.Builder
-	b.WriteString(req.Method + " " + target + " HTTP/1.1\r\nHost: " + host + "\r\n")
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		if k != "Host" {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		for _, v := range h[k] {
-			b.WriteString(k + ": " + newlineToSpace.Replace(v) + "\r\n")
-		}
-	}
-	b.WriteString("\r\n")
-	return []byte(b.String())
+	c.logRequest(l)
+	c.upgradedTo = resp.Body.(io.ReadWriteCloser)
 }
 
 // forwardProxy carries a transparent connection whose client speaks to its

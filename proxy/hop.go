@@ -21,10 +21,11 @@ var hopHeaders = []string{
 }
 
 // removeHopHeaders deletes from h the hop-by-hop headers, every header named
-// by a Connection header, every Proxy-* header, and every Egret-* header: a
-// client's are egret's inputs (Egret-Timeout-Ms, read before) or forgeries
-// of what egret says (Egret-Outcome, Egret-Attempts), and an upstream must
-// see only egret's own (Egret-Request-Id, set after).
+// by a Connection header but the message's framing, every Proxy-* header,
+// and every Egret-* header: a client's are egret's inputs (Egret-Timeout-Ms,
+// read before) or forgeries of what egret says (Egret-Outcome,
+// Egret-Attempts), and an upstream must see only egret's own
+// (Egret-Request-Id, set after).
 func removeHopHeaders(h http.Header) {
 	for _, v := range h["Connection"] {
 		for f := range strings.SplitSeq(v, ",") {
@@ -34,7 +35,9 @@ func removeHopHeaders(h http.Header) {
 				if k, ok := canonicalKey(f); ok {
 					f = k
 				}
-				delete(h, f)
+				if !framing(f) {
+					delete(h, f)
+				}
 			}
 		}
 	}
@@ -49,4 +52,14 @@ func removeHopHeaders(h http.Header) {
 // (Egret-*, in any case).
 func isEgretField(k string) bool {
 	return len(k) >= len("Egret-") && strings.EqualFold(k[:len("Egret-")], "Egret-")
+}
+
+// framing reports whether the field k (canonical or not) frames the
+// message (RFC 9112 section 6): a Connection field naming it never takes
+// it away, since the body it frames still comes, and without it the next
+// hop would read that body as the next message. (Transfer-Encoding is
+// hop-by-hop anyway: the body is framed again for the next hop from what
+// was read, never from the field.)
+func framing(k string) bool {
+	return asciiEqualFold(k, "Content-Length") || asciiEqualFold(k, "Transfer-Encoding")
 }

@@ -232,7 +232,7 @@ func TestUpgradeHygiene(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		io.Copy(io.Discard, br)
 	}()
-	p := startProxy(t, Config{Via: "egret"})
+	p := startProxy(t, Config{Via: "egret", ConnectPorts: []int{int(ln.addrPort().Port())}})
 	raw := "GET " + "http://" + ln.Addr().String() + "/ws HTTP/1.1\r\nHost: " + ln.Addr().String() + "\r\n" +
 		"Connection: Upgrade, X-Hop\r\nUpgrade: websocket\r\nProxy-Authorization: Basic c2VjcmV0\r\n" +
 		"Keep-Alive: timeout=5\r\nX-Hop: drop-me\r\nX-Kept: a b\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
@@ -253,7 +253,7 @@ func TestUpgradeHygiene(t *testing.T) {
 			t.Errorf("upstream got %q:\n%s", bad, head)
 		}
 	}
-	for _, want := range []string{"GET /ws HTTP/1.1\r\n", "Connection: Upgrade\r\n", "Upgrade: websocket\r\n", "X-Kept: a b\r\n", "Via: 1.1 egret\r\n", "Sec-Websocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"} {
+	for _, want := range []string{"GET /ws HTTP/1.1\r\n", "Connection: Upgrade\r\n", "Upgrade: websocket\r\n", "X-Kept: a b\r\n", "Via: 1.1 egret\r\n", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"} {
 		if !strings.Contains(head, want) {
 			t.Errorf("upstream lacks %q:\n%s", want, head)
 		}

@@ -26,13 +26,15 @@ func newBases(dial DialFunc) *bases {
 	return &bases{dial: dial, m: make(map[string]*retry.HTTPTransport), tls: make(map[string]string)}
 }
 
-// get returns the transport for upstream u reached under host name host.
+// get returns the transport for upstream u reached under host name host,
+// speaking proto (u.Protocol, or ProtocolHTTP1 for a request that asks to
+// switch protocols, which only HTTP/1.1 can).
 // A TLS transport is keyed by the content of the upstream's TLS
 // configuration: when a reloaded policy read new files (a rotated CA or
 // client certificate), a new transport is made, and the idle connections
 // of the one it replaces are closed.
-func (b *bases) get(u *policy.Upstream, host string) (*retry.HTTPTransport, error) {
-	key, slot, serverName := string(u.Protocol), "", ""
+func (b *bases) get(u *policy.Upstream, host string, proto policy.Protocol) (*retry.HTTPTransport, error) {
+	key, slot, serverName := string(proto), "", ""
 	if u.TLS.Enabled {
 		if u.TLSConfigID() == "" {
 			return nil, errors.New("TLS origination without a TLS configuration")
@@ -41,7 +43,7 @@ func (b *bases) get(u *policy.Upstream, host string) (*retry.HTTPTransport, erro
 		if serverName == "" {
 			serverName = host
 		}
-		slot = string(u.Protocol) + "|tls|" + serverName
+		slot = string(proto) + "|tls|" + serverName
 		key = slot + "|" + u.TLSConfigID()
 	}
 	b.mu.Lock()
@@ -62,8 +64,8 @@ func (b *bases) get(u *policy.Upstream, host string) (*retry.HTTPTransport, erro
 	opts := retry.HTTPOptions{
 		DialContext:        b.dial,
 		TLS:                tc,
-		HTTP2:              u.Protocol == policy.ProtocolAuto || u.Protocol == policy.ProtocolH2,
-		H2C:                u.Protocol == policy.ProtocolH2C,
+		HTTP2:              proto == policy.ProtocolAuto || proto == policy.ProtocolH2,
+		H2C:                proto == policy.ProtocolH2C,
 		DisableCompression: true,
 	}
 	t := retry.NewHTTPTransport(opts)

@@ -132,12 +132,13 @@ func newWindowEnv(t *testing.T) *windowEnv {
 	e.blackhole = bh.Addr().String()
 	bh.Close()
 	connectPort, _ := strconv.Atoi(strings.TrimPrefix(e.waitHead.addr, "127.0.0.1:"))
+	upgradePort, _ := strconv.Atoi(strings.TrimPrefix(e.upgrade.addr, "127.0.0.1:"))
 	var d net.Dialer
 	p, err := New(Config{
 		Policy:       mustPolicy(t, windowsPolicy),
 		Logger:       slog.New(e.log),
 		AnswerGrace:  testAnswerGrace,
-		ConnectPorts: []int{connectPort},
+		ConnectPorts: []int{connectPort, upgradePort}, // an upgrade is a tunnel
 		// Every window is held by an event, never by time: no timeout of
 		// the server's may end a request before the cut. (With the
 		// defaults, 260 connections under -race, -count=3 and CPU load

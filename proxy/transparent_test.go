@@ -155,7 +155,7 @@ func TestUpgradePassedThrough(t *testing.T) {
 			}()
 		}
 		dst := ln.Addr().(*net.TCPAddr).AddrPort()
-		cfg := Config{Mode: mode}
+		cfg := Config{Mode: mode, ConnectPorts: []int{int(dst.Port())}}
 		target := "http://" + dst.String() + "/ws"
 		if mode == Transparent {
 			cfg.Resolver = &StaticResolver{Dst: dst}

@@ -96,14 +96,24 @@ func newIdleClock(d time.Duration) *idleClock {
 	return c
 }
 
+// deadlineRW is one side of a tunnel: a connection, or an upgraded
+// upstream connection (a 101 response's body).
+type deadlineRW interface {
+	io.ReadWriteCloser
+	SetReadDeadline(time.Time) error
+}
+
 // wrap returns c with its reads under the clock.
-func (k *idleClock) wrap(c net.Conn) *idleConn { return &idleConn{Conn: c, k: k} }
+func (k *idleClock) wrap(c deadlineRW) *idleConn { return &idleConn{Conn: c, k: k} }
 
 // idleConn is one side of a tunnel whose reads the idleClock bounds.
 type idleConn struct {
-	net.Conn
-	k *idleClock
+	Conn deadlineRW
+	k    *idleClock
 }
+
+func (c *idleConn) Write(p []byte) (int, error) { return c.Conn.Write(p) }
+func (c *idleConn) Close() error                { return c.Conn.Close() }
 
 func (c *idleConn) Read(p []byte) (int, error) {
 	for {

@@ -571,9 +571,20 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks, order
 		resp.TLS = &st
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if err := switchAnswers(req, resp.Header); err != nil {
+			return fail(err)
+		}
+		// The switch follows the whole request (RFC 9110 section 7.8): a
+		// body still being written ends first, so that no byte of the new
+		// protocol goes out among its bytes.
+		if wdone != nil {
+			if werr := <-wdone; werr != nil {
+				return fail(werr)
+			}
+		}
 		w.release()
 		c.lr.n = -1
-		resp.Body = &h1Upgraded{c: c}
+		resp.Body = c.upgraded()
 		return resp, nil
 	}
 	resp.Body = &h1Body{c: c, rc: resp.Body, watch: w, a: h.a, ctx: ctx, wdone: wdone,
@@ -941,16 +952,98 @@ func (b *h1Body) handOff() bool {
 	return false
 }
 
-// h1Upgraded is the body of a 101 response: the connection itself.
-type h1Upgraded struct{ c *h1Conn }
+// errBadSwitch: a 101 that answers no request to switch, or switches to
+// what the request did not offer.
+var errBadSwitch = fmt.Errorf("%w: 101 Switching Protocols", errMalformedResponse)
 
-func (u *h1Upgraded) Read(p []byte) (int, error)  { return u.c.br.Read(p) }
-func (u *h1Upgraded) Write(p []byte) (int, error) { return u.c.nc.Write(p) }
-func (u *h1Upgraded) Close() error                { u.c.close(); return nil }
+// switchAnswers says why a 101 response with header h is no answer to req,
+// or nil. A 101 answers only an HTTP/1.1 request that asked to switch
+// (Upgrade, and Connection naming it), says what it switches to (Upgrade,
+// Connection: upgrade) and switches only to protocols the request offered
+// (RFC 9110 section 7.8; names compared without case, as section 16.7
+// asks). Anything else is a malformed response: the connection is no
+// longer HTTP, and its bytes must not reach a client as if it were.
+func switchAnswers(req *http.Request, h http.Header) error {
+	if !AsksUpgrade(req) {
+		return fmt.Errorf("%w to a request that asked for no upgrade", errBadSwitch)
+	}
+	if !httpguts.HeaderValuesContainsToken(h["Connection"], "upgrade") || len(h["Upgrade"]) == 0 {
+		return fmt.Errorf("%w without Upgrade and Connection: upgrade", errBadSwitch)
+	}
+	for _, v := range h["Upgrade"] {
+		for p := range strings.SplitSeq(v, ",") {
+			p = textproto.TrimString(p)
+			if p == "" || !offered(req.Header["Upgrade"], p) {
+				return fmt.Errorf("%w to %q, which the request did not offer", errBadSwitch, p)
+			}
+		}
+	}
+	return nil
+}
+
+// AsksUpgrade reports whether req asks to switch protocols: an HTTP/1.1
+// request (an HTTP/1.0 request's Upgrade is ignored, RFC 9110 section 7.8)
+// with an Upgrade field that a Connection field names.
+func AsksUpgrade(req *http.Request) bool {
+	return req.ProtoAtLeast(1, 1) && len(req.Header["Upgrade"]) > 0 &&
+		httpguts.HeaderValuesContainsToken(req.Header["Connection"], "upgrade")
+}
+
+// offered reports whether the protocol p (name[/version]) is among those
+// the Upgrade values list: the same name, and the same version when both
+// give one.
+func offered(list []string, p string) bool {
+	name, ver, _ := strings.Cut(p, "/")
+	for _, v := range list {
+		for o := range strings.SplitSeq(v, ",") {
+			oname, over, _ := strings.Cut(textproto.TrimString(o), "/")
+			if strings.EqualFold(oname, name) && (ver == "" || over == "" || strings.EqualFold(over, ver)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// upgraded returns the body of a 101 response: the connection, no longer
+// watched for the witness (the attempt is over; a frozen witnessConn
+// would refuse writes after the upstream's half-close, and reset bytes
+// still queued when it closes). A plain connection is used without its
+// wrapper, so that it can half-close.
+func (c *h1Conn) upgraded() *h1Upgraded {
+	nc := c.nc
+	if c.wc != nil {
+		c.wc.handOver()
+		if nc == net.Conn(c.wc) {
+			nc = c.wc.NetConn()
+			c.lr.c = nc
+		}
+	}
+	return &h1Upgraded{Conn: nc, c: c}
+}
+
+// h1Upgraded is the body of a 101 response: the connection itself, as a
+// net.Conn whose reads first return what came after the response head.
+type h1Upgraded struct {
+	net.Conn
+	c *h1Conn
+}
+
+func (u *h1Upgraded) Read(p []byte) (int, error) { return u.c.br.Read(p) }
+func (u *h1Upgraded) Close() error               { u.c.close(); return nil }
+
+// CloseWrite half-closes the connection's sending side (TLS: sends its
+// close_notify), where the connection can.
+func (u *h1Upgraded) CloseWrite() error {
+	if cw, ok := u.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
 
 var (
-	_ io.ReadCloser      = (*h1Body)(nil)
-	_ io.ReadWriteCloser = (*h1Upgraded)(nil)
+	_ io.ReadCloser = (*h1Body)(nil)
+	_ net.Conn      = (*h1Upgraded)(nil)
 )
 
 // writeFields writes the fields of h but those of skipHeader: first as

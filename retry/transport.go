@@ -923,8 +923,13 @@ func (r *run) respond(resp *http.Response, ar *attemptResult, ambiguous bool) {
 	}
 	resp.Body = b
 	if rw, ok := b.rc.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-		// An upgraded connection (WebSocket): keep it writable.
-		resp.Body = &upgradedBody{responseBody: b, w: rw}
+		// An upgraded connection (WebSocket): no longer HTTP, and no
+		// longer the run's. The run ends with the switch (its attempt's
+		// bulkhead permit and context given back, its outcome counted),
+		// not when the connection ends, which may be hours later; the
+		// body is the connection, writable, its bytes no attempt's.
+		resp.Body = &upgradedBody{ReadWriteCloser: rw, trace: &r.trace}
+		b.finish()
 	}
 }
 
@@ -944,13 +949,28 @@ func (r *run) complete() {
 	}
 }
 
-// upgradedBody is the body of a 101 response: the connection itself.
+// upgradedBody is the body of a 101 response: the connection itself,
+// whose run is complete.
 type upgradedBody struct {
-	*responseBody
-	w io.Writer
+	io.ReadWriteCloser
+	trace *Trace
 }
 
-func (u *upgradedBody) Write(p []byte) (int, error) { return u.w.Write(p) }
+// CloseWrite half-closes the connection's sending side, where it can.
+func (u *upgradedBody) CloseWrite() error {
+	if cw, ok := u.ReadWriteCloser.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// SetReadDeadline sets the connection's read deadline, where it can.
+func (u *upgradedBody) SetReadDeadline(t time.Time) error {
+	if d, ok := u.ReadWriteCloser.(interface{ SetReadDeadline(time.Time) error }); ok {
+		return d.SetReadDeadline(t)
+	}
+	return errors.ErrUnsupported
+}
 
 // responseBody is the body of a returned response.
 type responseBody struct {
@@ -1032,7 +1052,7 @@ func TraceOf(resp *http.Response) (*Trace, bool) {
 	case *responseBody:
 		return &b.r.trace, true
 	case *upgradedBody:
-		return &b.r.trace, true
+		return b.trace, true
 	}
 	return nil, false
 }

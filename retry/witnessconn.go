@@ -54,11 +54,14 @@ type witnessConn struct {
 	// read counts the bytes read from the socket. Only the goroutine
 	// reading a response touches it, and the pool's check once the
 	// connection is idle (the pool's lock orders the two).
-	read     uint64
-	frozen   bool
-	final    witness.Counters
-	finalOK  bool
-	finalErr error
+	read   uint64
+	frozen bool
+	// handedOver: the connection switched protocols and carries no
+	// attempt any more; it never freezes.
+	handedOver bool
+	final      witness.Counters
+	finalOK    bool
+	finalErr   error
 }
 
 func newWitnessConn(c net.Conn) *witnessConn {
@@ -231,7 +234,7 @@ const freezeWait = 100 * time.Millisecond
 func (c *witnessConn) freeze() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.frozen {
+	if c.frozen || c.handedOver {
 		return
 	}
 	c.frozen = true
@@ -272,6 +275,16 @@ func (c *witnessConn) freeze() {
 		}
 	}
 	c.final, c.finalOK = snap, true
+}
+
+// handOver ends the witness's watch of a connection that switched
+// protocols (a 101): it carries no attempt any more, and freezing it
+// (writes refused after a read's end, queued bytes reset at its close)
+// would break the new protocol.
+func (c *witnessConn) handOver() {
+	c.mu.Lock()
+	c.handedOver = true
+	c.mu.Unlock()
 }
 
 // finalSnapshot returns the snapshot taken when the connection froze.
