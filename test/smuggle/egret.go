@@ -181,7 +181,16 @@ func (e *Egret) Run(c *Case) (*Result, error) {
 // exchange writes raw on a new connection to addr, half-closes it and
 // reads until the proxy closes (or ClientDeadline).
 func exchange(addr string, raw []byte) (answer []byte, stalled bool, err error) {
-	nc, err := net.Dial("tcp", addr)
+	return Exchange(nil, addr, raw)
+}
+
+// Exchange is exchange from the local address from (nil: any).
+func Exchange(from *net.TCPAddr, addr string, raw []byte) (answer []byte, stalled bool, err error) {
+	d := net.Dialer{}
+	if from != nil {
+		d.LocalAddr = from
+	}
+	nc, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, false, err
 	}

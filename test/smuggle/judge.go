@@ -137,7 +137,8 @@ func JudgeWith(client []byte, logs []Logged, conns [][]byte, passthrough bool, i
 		v.Class = Desync
 	case piped:
 		v.Class = Piped
-	case rejected:
+	case rejected || len(forwarded) == 0:
+		// Refused with an answer of its own, or closed without forwarding.
 		v.Class = Refused
 	default:
 		v.Class = Forwarded

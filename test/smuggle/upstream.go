@@ -11,8 +11,8 @@ import (
 
 // Upstream is a strict HTTP/1.1 server on loopback that records every byte
 // each connection brings. It answers each request its strict parser reads
-// with 200 (never 101: nothing here may become a raw pipe because the
-// upstream agreed to it), and a refusal with 400 and a half-close; after a
+// with 200 (never 101, and 405 to CONNECT: nothing here may become a raw
+// pipe because the upstream agreed to it), and a refusal with 400 and a half-close; after a
 // half-close it keeps reading, so that bytes sent after the end of what
 // it could frame are recorded too.
 type Upstream struct {
@@ -30,8 +30,11 @@ type upConn struct {
 }
 
 // StartUpstream listens on 127.0.0.1 and serves until Finish.
-func StartUpstream() (*Upstream, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func StartUpstream() (*Upstream, error) { return StartUpstreamOn("127.0.0.1:0") }
+
+// StartUpstreamOn is StartUpstream on addr.
+func StartUpstreamOn(addr string) (*Upstream, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +103,10 @@ func (u *Upstream) serve(c *upConn) {
 			}
 			if r.Close {
 				answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+			}
+			if r.Method == "CONNECT" {
+				// Nor a tunnel: a 2xx to CONNECT would make one.
+				answer = "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n"
 			}
 			io.WriteString(c.nc, answer)
 			if r.Close {
