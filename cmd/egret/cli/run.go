@@ -91,7 +91,7 @@ func runRun(c *cli.Context) error {
 	if f := c.String("policy"); f != "" {
 		p, err := policy.Load(f)
 		if err != nil {
-			return cli.Exit(fmt.Sprintf("policy: %v", err), 2)
+			return policyFileError(f, err)
 		}
 		pol = proxy.StaticPolicy{P: p}
 	}
