@@ -458,7 +458,9 @@ func writeExplain(w io.Writer, tv agent.TraceView) {
 			if wb == nil {
 				wb = &agent.CountersView{}
 			}
-			fmt.Fprintf(w, "    witness (%s): bytes sent %s -> %s, data segments %s -> %s, acked %d, retransmits %d, reset %v\n",
+			// The kernel's bytes acked (tcpi_bytes_acked) counts the
+			// SYN and the FIN as a byte each: 265 sent is 266 acked.
+			fmt.Fprintf(w, "    witness (%s): bytes sent %s -> %s, data segments %s -> %s, acked %d (+1 each for SYN and FIN), retransmits %d, reset %v\n",
 				wa.Source, count(wb.BytesSent), count(wa.BytesSent), count(wb.DataSegsOut),
 				count(wa.DataSegsOut), wa.BytesAcked, wa.Retransmits, wa.ResetReceived)
 		}
