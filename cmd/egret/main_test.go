@@ -56,8 +56,10 @@ type answer struct {
 
 // TestSimulatePublicVectors feeds every public vector through the real
 // `egret simulate` binary, as a file and on stdin, and checks each answer.
+// The vectors are the engine's testdata (the spec's, committed; see
+// engine/testdata/README.md), or the file EGRET_VECTORS names.
 func TestSimulatePublicVectors(t *testing.T) {
-	path := filepath.Join("..", "..", "..", "shared", "spec", "public-vectors.jsonl")
+	path := filepath.Join("..", "..", "engine", "testdata", "public-vectors.jsonl")
 	if v := os.Getenv("EGRET_VECTORS"); v != "" {
 		path = v
 	}

@@ -6,13 +6,24 @@
 //
 // Each fenced block without a language whose first line starts with "$ " is
 // a terminal session, run unless a "<!-- not run: WHY -->" line stands
-// just before it: "$ CMD" lines are commands (run by sh in a fresh
-// directory, with egret on PATH; a here-document continues to its
-// terminator), the lines up to the next "$ " are what the terminal shows.
-// A command ending in "&" is a background job whose output (stdout and
-// stderr) comes in as it is written; "kill %N" sends job N a SIGTERM and
-// waits for it. A foreground command's output is its stderr, then its
-// stdout. "..." stands for any lines (the rest of a command's output, and
+// just before it: "$ CMD" lines are commands (run by sh with egret on PATH;
+// a here-document continues to its terminator), the lines up to the next
+// "$ " are what the terminal shows.
+//
+// A README's sessions run in one shell, in order, as a person pasting them
+// into one terminal would: one working directory for the whole README (a
+// file one example writes, the next finds), and one table of background
+// jobs, numbered as bash numbers them (one more than the highest running;
+// 1 when none runs). A command ending in "&" is a background job whose
+// output (stdout and stderr) comes in as it is written; "kill %N" sends the
+// running job N a SIGTERM, and the job's last lines are what the README
+// shows after it; the test then waits for the job to exit. A job an
+// example leaves running is still running in the next one (a second egret
+// proxy on the same port fails to bind, "kill %1" reaches the first job),
+// and one still running at the end of the README fails the test, as do
+// lines a stopped job wrote that the README does not show. The shell's own
+// job notices ("[1] 4242", "[1]+ Terminated") are not shown. A foreground
+// command's output is its stderr, then its stdout. "..." stands for any lines (the rest of a command's output, and
 // the job lines that come before the next expected line), and the values
 // that vary from run to run are written as <id>, <hex>, <n>, <port>, <ip>,
 // <duration> and <time> (the top README's legend); an <id> in a command is the
@@ -199,39 +210,61 @@ func TestREADMEExamples(t *testing.T) {
 	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 
 	for _, r := range all {
-		for _, b := range r.blocks {
-			runBlock(t, r.path, b, cgroupRoot, suffix, &session{env: env, subst: subst, proxyPort: proxyPort})
-		}
+		t.Run(r.path, func(t *testing.T) {
+			runREADME(t, r.path, r.blocks, cgroupRoot, suffix, &session{env: env, subst: subst, proxyPort: proxyPort})
+		})
 	}
 }
 
-// runBlock runs one session of a README in a subtest named after where it is.
-func runBlock(t *testing.T, path string, b block, cgroupRoot, suffix string, tmpl *session) {
-	t.Run(fmt.Sprintf("%s:%d", path, b.line), func(t *testing.T) {
-		t.Logf("%s:%d (%s)", path, b.line, b.section)
-		if needsRoot(b) {
-			testenv.RequireRoot(t)
-		}
-		t.Cleanup(func() {
-			os.Remove("/run/egret-demo-" + suffix + ".sock")
-			os.RemoveAll("/sys/fs/bpf/egret-demo-" + suffix)
-			os.Remove(filepath.Join(cgroupRoot, "demo-web-"+suffix))
-			// The agent's own cgroup, left when it was killed.
-			agents, _ := filepath.Glob(filepath.Join(cgroupRoot, "egret-agent-egret-demo-"+suffix+"-*"))
-			for _, a := range agents {
-				if err := os.Remove(a); err != nil {
-					t.Errorf("the agent's cgroup: %v", err)
-				}
-			}
-		})
-		s := &session{t: t, file: path, dir: t.TempDir(), env: tmpl.env, subst: tmpl.subst, proxyPort: tmpl.proxyPort, lines: make(chan string, 1024)}
-		defer s.stopJobs()
-		for _, st := range b.steps {
-			if !s.run(st) {
-				return
+// runREADME runs the sessions of one README in one shell, in order, each
+// in a subtest named after where it is. Once one fails, the later ones,
+// which may depend on what it left, are not run.
+func runREADME(t *testing.T, path string, blocks []block, cgroupRoot, suffix string, tmpl *session) {
+	s := &session{t: t, file: path, dir: t.TempDir(), env: tmpl.env, subst: tmpl.subst, proxyPort: tmpl.proxyPort, lines: make(chan jobLine, 1024)}
+	t.Cleanup(func() {
+		s.stopJobs()
+		os.Remove("/run/egret-demo-" + suffix + ".sock")
+		os.RemoveAll("/sys/fs/bpf/egret-demo-" + suffix)
+		os.Remove(filepath.Join(cgroupRoot, "demo-web-"+suffix))
+		// The agent's own cgroup, left when it was killed.
+		agents, _ := filepath.Glob(filepath.Join(cgroupRoot, "egret-agent-egret-demo-"+suffix+"-*"))
+		for _, a := range agents {
+			if err := os.Remove(a); err != nil {
+				t.Errorf("the agent's cgroup: %v", err)
 			}
 		}
 	})
+	failed := ""
+	for _, b := range blocks {
+		t.Run(strconv.Itoa(b.line), func(t *testing.T) {
+			t.Logf("%s:%d (%s)", path, b.line, b.section)
+			if failed != "" {
+				t.Skipf("not run: the example at %s, before it in the same shell, failed", failed)
+			}
+			if needsRoot(b) {
+				testenv.RequireRoot(t)
+			}
+			s.t = t
+			for _, st := range b.steps {
+				if !s.run(st) {
+					failed = fmt.Sprintf("%s:%d", path, b.line)
+					return
+				}
+			}
+		})
+	}
+	s.t = t
+	if failed != "" {
+		return
+	}
+	s.reap()
+	for _, j := range s.jobs {
+		t.Errorf("%s leaves job %%%d running at its end (%s): a person pasting its examples into one shell would still have it; stop it in the example that starts it", path, j.n, j.cmd)
+	}
+	s.drain()
+	for _, l := range s.pending {
+		t.Errorf("%s: job %%%d (%s) wrote %q, which the README does not show", path, l.job.n, l.job.cmd, l.text)
+	}
 }
 
 func needsRoot(b block) bool {
@@ -243,8 +276,9 @@ func needsRoot(b block) bool {
 	return false
 }
 
-// session is one README block's terminal: its background jobs and the lines
-// they wrote that no expected line has consumed yet.
+// session is one README's terminal: one shell's working directory, its
+// background jobs and the lines they wrote that no expected line has
+// consumed yet.
 type session struct {
 	t         *testing.T
 	file      string // the README
@@ -252,9 +286,48 @@ type session struct {
 	env       []string
 	subst     *strings.Replacer
 	proxyPort string
-	jobs      []*exec.Cmd
-	lines     chan string // the jobs' output, line by line
-	id        string      // the request id last matched
+	jobs      []*job       // running, or exited but not yet reaped by the shell
+	lines     chan jobLine // the jobs' output, line by line
+	pending   []jobLine    // lines read back from lines, not yet consumed
+	id        string       // the request id last matched
+}
+
+// job is one background job of the shell.
+type job struct {
+	n      int    // its job number, as in %N
+	cmd    string // as typed
+	c      *exec.Cmd
+	exited chan struct{} // closed once it exited and all its output was read
+}
+
+// jobLine is one line a job wrote.
+type jobLine struct {
+	job  *job
+	text string
+}
+
+// reap removes the jobs that exited from the table, as a shell does at
+// its next prompt.
+func (s *session) reap() {
+	running := s.jobs[:0]
+	for _, j := range s.jobs {
+		select {
+		case <-j.exited:
+		default:
+			running = append(running, j)
+		}
+	}
+	s.jobs = running
+}
+
+// nextJobNumber is the number bash gives a new job: one more than the
+// highest of the jobs in its table, 1 when there is none.
+func (s *session) nextJobNumber() int {
+	n := 0
+	for _, j := range s.jobs {
+		n = max(n, j.n)
+	}
+	return n + 1
 }
 
 func (s *session) command(ctx context.Context, line string) *exec.Cmd {
@@ -273,15 +346,22 @@ func (s *session) run(st step) bool {
 	t := s.t
 	where := fmt.Sprintf("%s:%d: $ %s", s.file, st.line, st.cmd)
 	var fg []string
+	var killed *job
+	s.reap()
 	switch {
 	case killJob.MatchString(st.cmd):
 		n, _ := strconv.Atoi(killJob.FindStringSubmatch(st.cmd)[1])
-		if n < 1 || n > len(s.jobs) {
-			t.Errorf("%s: no job %d", where, n)
+		for _, j := range s.jobs {
+			if j.n == n {
+				killed = j
+			}
+		}
+		if killed == nil {
+			t.Errorf("%s: kill: %%%d: no such job (the shell's jobs: %s)", where, n, s.jobList())
 			return false
 		}
 		// As a shell's kill %N: the job's process group.
-		syscall.Kill(-s.jobs[n-1].Process.Pid, syscall.SIGTERM)
+		syscall.Kill(-killed.c.Process.Pid, syscall.SIGTERM)
 	case bgSuffix.MatchString(st.cmd):
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -297,13 +377,16 @@ func (s *session) run(st step) bool {
 			return false
 		}
 		w.Close()
-		s.jobs = append(s.jobs, c)
+		j := &job{n: s.nextJobNumber(), cmd: bgSuffix.ReplaceAllString(st.cmd, ""), c: c, exited: make(chan struct{})}
+		s.jobs = append(s.jobs, j)
 		go func() {
 			sc := bufio.NewScanner(r)
 			for sc.Scan() {
-				s.lines <- strings.TrimSuffix(sc.Text(), "\r")
+				s.lines <- jobLine{j, strings.TrimSuffix(sc.Text(), "\r")}
 			}
 			r.Close()
+			c.Wait()
+			close(j.exited)
 		}()
 	default:
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -321,7 +404,56 @@ func (s *session) run(st step) bool {
 		t.Errorf("%s\n%v\n%s shows:\n\t%s", where, err, s.file, strings.Join(st.want, "\n\t"))
 		return false
 	}
+	if killed != nil {
+		// The job's exit, then whatever it wrote that the README does
+		// not show after the kill.
+		select {
+		case <-killed.exited:
+		case <-time.After(lineWait):
+			t.Errorf("%s: job %%%d (%s) still running %v after its SIGTERM", where, killed.n, killed.cmd, lineWait)
+			return false
+		}
+		s.drain()
+		var more []string
+		rest := s.pending[:0]
+		for _, l := range s.pending {
+			if l.job == killed {
+				more = append(more, l.text)
+			} else {
+				rest = append(rest, l)
+			}
+		}
+		s.pending = rest
+		if len(more) > 0 {
+			t.Errorf("%s: job %%%d (%s) wrote lines the README does not show after it:\n\t%s", where, killed.n, killed.cmd, strings.Join(more, "\n\t"))
+			return false
+		}
+		s.reap()
+	}
 	return true
+}
+
+// drain moves the lines the jobs wrote so far into pending.
+func (s *session) drain() {
+	for {
+		select {
+		case l := <-s.lines:
+			s.pending = append(s.pending, l)
+		default:
+			return
+		}
+	}
+}
+
+func (s *session) jobList() string {
+	if len(s.jobs) == 0 {
+		return "none"
+	}
+	var l []string
+	for _, j := range s.jobs {
+		l = append(l, fmt.Sprintf("%%%d %s", j.n, j.cmd))
+	}
+	return strings.Join(l, ", ")
 }
 
 // match checks the expected lines against the command's own output, then
@@ -335,10 +467,16 @@ func (s *session) match(want, fg []string) error {
 			seen = append(seen, l)
 			return l, nil
 		}
-		select {
-		case l := <-s.lines:
+		if len(s.pending) > 0 {
+			l := s.pending[0].text
+			s.pending = s.pending[1:]
 			seen = append(seen, l)
 			return l, nil
+		}
+		select {
+		case l := <-s.lines:
+			seen = append(seen, l.text)
+			return l.text, nil
 		case <-time.After(lineWait):
 			return "", fmt.Errorf("no further output in %v", lineWait)
 		}
@@ -408,24 +546,28 @@ func (s *session) accept(re *regexp.Regexp, l string) bool {
 // stopJobs ends the jobs still running (SIGTERM to their process group, then
 // SIGKILL) and waits for them.
 func (s *session) stopJobs() {
+	// The readers block on a full channel; keep reading while waiting.
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-s.lines:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer close(stop)
 	for _, j := range s.jobs {
-		done := make(chan struct{})
-		go func() { j.Wait(); close(done) }()
-		syscall.Kill(-j.Process.Pid, syscall.SIGTERM)
+		syscall.Kill(-j.c.Process.Pid, syscall.SIGTERM)
 		select {
-		case <-done:
+		case <-j.exited:
 		case <-time.After(20 * time.Second):
-			syscall.Kill(-j.Process.Pid, syscall.SIGKILL)
-			<-done
+			syscall.Kill(-j.c.Process.Pid, syscall.SIGKILL)
+			<-j.exited
 		}
 	}
-	for {
-		select {
-		case <-s.lines:
-		default:
-			return
-		}
-	}
+	s.jobs = nil
 }
 
 func splitLines(s string) []string {

@@ -3,6 +3,7 @@ package readme
 import (
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -204,4 +205,23 @@ func hasLine(text, line string) bool {
 		}
 	}
 	return false
+}
+
+// TestGitignoreKeepsBuildOutputOut: what the README's commands leave in the
+// top directory (go build ./cmd/egret's 59 MB binary, the image tarball,
+// the examples' files) is ignored by git, and the sources are not.
+func TestGitignoreKeepsBuildOutputOut(t *testing.T) {
+	if err := exec.Command("git", "-C", repoRoot, "rev-parse", "--is-inside-work-tree").Run(); err != nil {
+		t.Skipf("not a git work tree: %v", err)
+	}
+	for _, p := range []string{"egret", "kubectl-egret", "egret.tar", "pods.yaml", "policy.yaml", "ask.sock"} {
+		if err := exec.Command("git", "-C", repoRoot, "check-ignore", "-q", "--no-index", p).Run(); err != nil {
+			t.Errorf("git does not ignore %s in the top directory (.gitignore): %v", p, err)
+		}
+	}
+	for _, p := range []string{"cmd/egret/main.go", "cmd/kubectl-egret", "deploy/image/build.go", "README.md"} {
+		if exec.Command("git", "-C", repoRoot, "check-ignore", "-q", "--no-index", p).Run() == nil {
+			t.Errorf("git ignores %s, a source", p)
+		}
+	}
 }

@@ -105,7 +105,8 @@ function verdict(v) {
 function witness(w) {
   if (!w) return "–";
   const f = x => (x === null || x === undefined ? "?" : x);
-  return w.source + ": sent " + f(w.bytes_sent) + " B, acked " + w.bytes_acked + " B, retransmits " + w.retransmits +
+  // The kernel's bytes acked counts the SYN and the FIN as a byte each.
+  return w.source + ": sent " + f(w.bytes_sent) + " B, acked " + w.bytes_acked + " (+1 each for SYN and FIN), retransmits " + w.retransmits +
     (w.reset_received ? ", reset" : "");
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -179,7 +180,7 @@ func runAgent(c *cli.Context) error {
 	if f := c.String("policy"); f != "" {
 		w, err := policy.NewWatcher(f, log, reg)
 		if err != nil {
-			return cli.Exit(fmt.Sprintf("policy: %v", err), 2)
+			return policyFileError(f, err)
 		}
 		go w.Run(ctx)
 		pol = w
@@ -381,10 +382,42 @@ func adminCommands() []*cli.Command {
 // the admin API's path.
 var requestID = regexp.MustCompile(`^[0-9a-f]{16}$`)
 
+// adminError says, in egret's words, why the admin socket did not answer:
+// which socket, what went wrong, and what to check (the HTTP request
+// under it is egret's business, not the user's).
+func adminError(sock string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err
+		var se *os.SyscallError
+		if errors.As(err, &se) {
+			err = se.Err
+		}
+	}
+	check := "is egret agent, or egret proxy --admin " + sock + ", running? --admin names another socket"
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		check = "no such socket: " + check
+	case errors.Is(err, syscall.ECONNREFUSED):
+		check = "nothing listens on it (an egret that stopped without removing it?): " + check
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		check = "permission denied: the socket is root's; run as root"
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		check = "no answer in time: egret may be overloaded or stuck"
+	default:
+		check = err.Error() + ": " + check
+	}
+	return cli.Exit(fmt.Sprintf("cannot ask egret at admin socket %s: %s", sock, check), ExitFailure)
+}
+
 func adminGet(sock, path string) ([]byte, error) {
 	resp, err := agent.AdminClient(sock).Get("http://egret" + path)
 	if err != nil {
-		return nil, cli.Exit(fmt.Sprintf("admin socket %s: %v (is egret agent, or egret proxy --admin, running?)", sock, err), 1)
+		return nil, adminError(sock, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -425,7 +458,9 @@ func writeExplain(w io.Writer, tv agent.TraceView) {
 			if wb == nil {
 				wb = &agent.CountersView{}
 			}
-			fmt.Fprintf(w, "    witness (%s): bytes sent %s -> %s, data segments %s -> %s, acked %d, retransmits %d, reset %v\n",
+			// The kernel's bytes acked (tcpi_bytes_acked) counts the
+			// SYN and the FIN as a byte each: 265 sent is 266 acked.
+			fmt.Fprintf(w, "    witness (%s): bytes sent %s -> %s, data segments %s -> %s, acked %d (+1 each for SYN and FIN), retransmits %d, reset %v\n",
 				wa.Source, count(wb.BytesSent), count(wa.BytesSent), count(wb.DataSegsOut),
 				count(wa.DataSegsOut), wa.BytesAcked, wa.Retransmits, wa.ResetReceived)
 		}

@@ -73,7 +73,7 @@ func Main(args []string) int {
 func run(app *cli.App, args []string, stderr io.Writer) int {
 	app.ErrWriter = stderr
 	app.ExitErrHandler = func(*cli.Context, error) {} // run reports errors itself
-	err := app.Run(args)
+	err := app.Run(helpArgs(args))
 	if err == nil {
 		return 0
 	}
@@ -91,4 +91,15 @@ func run(app *cli.App, args []string, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "egret:", err)
 	return ExitFailure
+}
+
+// helpArgs makes `egret help [COMMAND...]` what `go help` and `kubectl
+// help` are: `egret [COMMAND...] --help`. (urfave's own help command is
+// hidden: it would add a help subcommand under every command, and a
+// command named help takes over the --help flag.)
+func helpArgs(args []string) []string {
+	if len(args) < 2 || args[1] != "help" {
+		return args
+	}
+	return append(append([]string{args[0]}, args[2:]...), "--help")
 }

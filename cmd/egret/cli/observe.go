@@ -89,7 +89,7 @@ func runObserve(c *cli.Context) error {
 	client.Timeout = 0 // a stream; ended by the context
 	resp, err := client.Do(req)
 	if err != nil {
-		return cli.Exit(fmt.Sprintf("admin socket %s: %v (is egret agent, or egret proxy --admin, running?)", sock, err), 1)
+		return adminError(sock, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

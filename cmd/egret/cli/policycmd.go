@@ -54,7 +54,7 @@ func runPolicy(c *cli.Context) error {
 		}
 		p, err := policy.Load(file)
 		if err != nil {
-			return cli.Exit(fmt.Sprintf("policy: %v", err), 1)
+			return policyFileError(file, err)
 		}
 		if v, err = agent.EffectivePolicy(p, dest); err != nil {
 			return usage("%v", err)

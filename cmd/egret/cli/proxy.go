@@ -125,7 +125,7 @@ func runProxy(c *cli.Context) error {
 	if f := c.String("policy"); f != "" {
 		w, err := policy.NewWatcher(f, log, reg)
 		if err != nil {
-			return cli.Exit(fmt.Sprintf("policy: %v", err), 2)
+			return policyFileError(f, err)
 		}
 		go w.Run(ctx)
 		src, policyName = w, f

@@ -81,8 +81,8 @@ func runRun(c *cli.Context) error {
 	if mode != "host" && mode != "new" {
 		return usage("--netns %s: expected host or new", mode)
 	}
-	if _, err := exec.LookPath(args[0]); err != nil {
-		return cli.Exit(err.Error(), 127)
+	if err := findCommand(args[0]); err != nil {
+		return err
 	}
 	if err := bpfload.Probe(); err != nil {
 		return kernelError(err)
@@ -91,7 +91,7 @@ func runRun(c *cli.Context) error {
 	if f := c.String("policy"); f != "" {
 		p, err := policy.Load(f)
 		if err != nil {
-			return cli.Exit(fmt.Sprintf("policy: %v", err), 2)
+			return policyFileError(f, err)
 		}
 		pol = proxy.StaticPolicy{P: p}
 	}
@@ -449,4 +449,41 @@ func collectStaleRun(log *slog.Logger, name string) {
 	r.hostIf = "egr" + name[len(name)-8:]
 	r.cleanup()
 	log.Info("removed what an earlier egret run left", "name", name)
+}
+
+// findCommand checks that name can be run, and when not, says why with
+// the shell's status: 127 when it is not found, 126 when it is found but
+// cannot be executed (a directory, a file without execute permission).
+func findCommand(name string) error {
+	_, err := exec.LookPath(name)
+	if err == nil {
+		return nil
+	}
+	path := name
+	if !strings.Contains(name, "/") {
+		// Searched in PATH: found there but not executable is still
+		// found (bash says "Permission denied", 126).
+		path = ""
+		for dir := range strings.SplitSeq(os.Getenv("PATH"), ":") {
+			if dir == "" {
+				dir = "."
+			}
+			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+				path = filepath.Join(dir, name)
+				break
+			}
+		}
+	}
+	if path == "" {
+		return cli.Exit(fmt.Sprintf("%s: command not found (not in PATH)", name), 127)
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return cli.Exit(fmt.Sprintf("%s: command not found (%v)", name, errors.Unwrap(err)), 127)
+	case fi.IsDir():
+		return cli.Exit(fmt.Sprintf("%s: is a directory, not a command", path), 126)
+	default:
+		return cli.Exit(fmt.Sprintf("%s: found but not executable (permission denied)", path), 126)
+	}
 }

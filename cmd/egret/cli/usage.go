@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"strings"
 
@@ -20,6 +21,17 @@ const (
 	// parse). Nothing was started.
 	ExitUsage = 2
 )
+
+// policyFileError is the error for a policy file egret cannot use: missing,
+// unreadable or not parsing, it is the input given that is wrong, so every
+// command that reads one (proxy, agent, run, policy --policy) exits with
+// ExitUsage and says it the same way.
+func policyFileError(file string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return cli.Exit(fmt.Sprintf("policy: %s: no such file", file), ExitUsage)
+	}
+	return cli.Exit(fmt.Sprintf("policy: %v", err), ExitUsage)
+}
 
 // usageError is a mistake in the command line: printed once, with a
 // one-line hint naming the help to read, and exit status ExitUsage.
@@ -87,13 +99,18 @@ func flagError(c *cli.Command, path string, err error) error {
 	}
 	msg := err.Error()
 	if m := reUndefined.FindStringSubmatch(msg); m != nil {
-		msg = fmt.Sprintf("unknown flag --%s", m[1])
+		// The flag package says -v for -v and --v alike; a one-letter
+		// flag is shown as people type it, -v.
+		msg = fmt.Sprintf("unknown flag %s", dashed(m[1]))
 		var names []string
 		for _, f := range flags {
 			names = append(names, f.Names()...)
 		}
-		if s := closest(m[1], names); s != "" {
-			msg += fmt.Sprintf(" (did you mean --%s?)", s)
+		if c == nil {
+			names = append(names, "version", "help")
+		}
+		if s := closestFlag(m[1], names); s != "" {
+			msg += fmt.Sprintf(" (did you mean %s?)", dashed(s))
 		}
 	} else if m := reBadValue.FindStringSubmatch(msg); m != nil {
 		what := "expected"
@@ -102,7 +119,10 @@ func flagError(c *cli.Command, path string, err error) error {
 		}
 		msg = fmt.Sprintf("--%s %s: %s %s", m[2], m[1], what, expected(flagNamed(flags, m[2])))
 	} else if m := reNoValue.FindStringSubmatch(msg); m != nil {
-		msg = fmt.Sprintf("--%s needs a value: %s", m[1], expected(flagNamed(flags, m[1])))
+		msg = fmt.Sprintf("%s needs a value", dashed(m[1]))
+		if e := expected(flagNamed(flags, m[1])); e != "a value" {
+			msg += ": " + e
+		}
 	}
 	return &usageError{msg: msg, cmd: path}
 }
@@ -118,10 +138,50 @@ func flagNamed(flags []cli.Flag, name string) cli.Flag {
 	return nil
 }
 
+// dashed is a flag's name as typed: -v, --listen.
+func dashed(name string) string {
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
+}
+
+// closestFlag is closest for flag names; a one-letter flag, which is
+// within an edit distance of every other one-letter flag, is matched only
+// to the one long flag it starts (-v: --version), if only one does.
+func closestFlag(typed string, names []string) string {
+	if len(typed) > 1 {
+		return closest(typed, names)
+	}
+	match := ""
+	for _, n := range names {
+		if len(n) > 1 && strings.HasPrefix(n, typed) {
+			if match != "" {
+				return ""
+			}
+			match = n
+		}
+	}
+	return match
+}
+
+// placeholder is the `NAME` of a flag's usage, as urfave/cli shows it.
+var placeholder = regexp.MustCompile("`([^`]+)`")
+
 // expected says what a flag's value must look like.
 func expected(f cli.Flag) string {
 	if f != nil && f.Names()[0] == "listen-port" {
 		return "a port number, 1 to 65535"
+	}
+	if sf, ok := f.(*cli.StringFlag); ok {
+		switch sf.Name {
+		case "listen", "metrics":
+			return "HOST:PORT, such as 127.0.0.1:15001 or [::1]:15001"
+		}
+		// The placeholder of its usage: `FILE`, `SOCKET`, `ADDR`.
+		if m := placeholder.FindStringSubmatch(sf.Usage); m != nil {
+			return "a " + m[1]
+		}
 	}
 	switch f.(type) {
 	case *cli.DurationFlag:

@@ -64,6 +64,15 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"explain", "x/../../status"}, `explain "x/../../status": expected a request id, the 16 hex digits of an Egret-Request-Id such as 8e13ac3b035fce95`, "egret explain"},
 		{[]string{"run", "--netns", "other", "--", "true"}, "--netns other: expected host or new", "egret run"},
 		{[]string{"version", "x"}, "version takes no arguments", "egret version"},
+		// A one-letter flag is echoed as typed, and suggested only what
+		// it abbreviates.
+		{[]string{"-v"}, "unknown flag -v (did you mean --version?)", "egret"},
+		{[]string{"proxy", "-v"}, "unknown flag -v", "egret proxy"},
+		// A missing value says what the value looks like.
+		{[]string{"proxy", "--listen"}, "--listen needs a value: HOST:PORT, such as 127.0.0.1:15001 or [::1]:15001", "egret proxy"},
+		{[]string{"proxy", "--policy"}, "--policy needs a value: a FILE", "egret proxy"},
+		{[]string{"status", "--admin"}, "--admin needs a value: a SOCKET", "egret status"},
+		{[]string{"help", "prxy"}, `unknown command "prxy" for "egret" (did you mean "proxy"?)`, "egret"},
 	} {
 		out, errOut, code := egret(tc.args...)
 		want := "egret: " + tc.msg + "\nRun '" + tc.help + " --help' for usage.\n"
@@ -173,5 +182,68 @@ func TestClosest(t *testing.T) {
 	// --listen nonsense names no flag: nothing may suggest --allow-remote.
 	if got := closest("nonsense", []string{"listen", "allow-remote", "policy", "metrics"}); got != "" {
 		t.Errorf("closest(nonsense) = %q", got)
+	}
+}
+
+// TestHelpCommand: `egret help [COMMAND]` is `egret [COMMAND] --help`, as
+// `go help` is: the help on stdout, status 0.
+func TestHelpCommand(t *testing.T) {
+	for _, tc := range [][]string{{}, {"proxy"}, {"agent", "status"}} {
+		out, errOut, code := egret(append([]string{"help"}, tc...)...)
+		want, _, _ := egret(append(tc, "--help")...)
+		if code != 0 || errOut != "" || !strings.Contains(out, "USAGE:") || out != want {
+			t.Errorf("egret help %v: exit %d, stderr %q, stdout %q; want the stdout of egret %v --help, %q", tc, code, errOut, out, tc, want)
+		}
+	}
+}
+
+// TestMissingPolicyFileIsAUsageError: every command that reads a policy
+// file says the same of a missing one, with the same status, 2 (the
+// input given is wrong; nothing was started).
+func TestMissingPolicyFileIsAUsageError(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	want := "egret: policy: " + missing + ": no such file\n"
+	for _, args := range [][]string{
+		{"proxy", "--listen", "127.0.0.1:0", "--policy", missing},
+		{"policy", "--policy", missing, "127.0.0.1:80"},
+	} {
+		out, errOut, code := egret(args...)
+		if code != 2 || errOut != want || out != "" {
+			t.Errorf("egret %s: exit %d, stdout %q, stderr %q; want exit 2, stderr %q", strings.Join(args, " "), code, out, errOut, want)
+		}
+	}
+}
+
+// TestAdminErrorsInEgretsWords: an admin socket that does not answer is
+// reported as egret's (which socket, what is wrong, what to check), not as
+// the HTTP request egret makes over it.
+func TestAdminErrorsInEgretsWords(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.sock")
+	// A socket file nobody listens on, as a killed egret leaves it.
+	dead := filepath.Join(dir, "dead.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: dead, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	for _, tc := range []struct {
+		sock, says string
+	}{
+		{missing, "no such socket: is egret agent, or egret proxy --admin " + missing + ", running?"},
+		{dead, "nothing listens on it"},
+	} {
+		for _, cmd := range [][]string{{"status"}, {"upstreams"}, {"observe"}, {"top", "--once"}, {"explain"}} {
+			args := append(append([]string{}, cmd...), "--admin", tc.sock)
+			if cmd[0] == "explain" {
+				args = append(args, "8e13ac3b035fce95")
+			}
+			_, errOut, code := egret(args...)
+			prefix := "egret: cannot ask egret at admin socket " + tc.sock + ": "
+			if code != 1 || !strings.HasPrefix(errOut, prefix) || !strings.Contains(errOut, tc.says) || strings.Contains(errOut, "http") || strings.Count(errOut, "\n") != 1 {
+				t.Errorf("egret %s: exit %d, stderr %q; want exit 1 and one line starting %q, saying %q, no HTTP", strings.Join(args, " "), code, errOut, prefix, tc.says)
+			}
+		}
 	}
 }
