@@ -101,7 +101,8 @@ func NoByteLeft(before, after Counters) bool {
 //   - the FIN carries the peer's cumulative ACK, which the kernel
 //     processes: had any byte sent since before reached the peer's kernel
 //     by the time it sent the FIN, the acked-byte counter would have moved.
-//     It did not (and no byte was received: the FIN ended the stream);
+//     It did not, and the received-byte counter moved by exactly one: the
+//     FIN's sequence number (tcpi_bytes_received follows rcv_nxt), no data;
 //   - the connection is now reset (state CLOSE): the peer's kernel answered
 //     those bytes with a RST, as it does for data reaching a socket closed
 //     for reading, whereas a peer that only half-closed would have taken
@@ -116,5 +117,5 @@ func EndedBeforeAck(before, after Counters) bool {
 		return false
 	}
 	return after.State == StateClose && before.BytesAcked == after.BytesAcked &&
-		before.BytesReceived == after.BytesReceived
+		after.BytesReceived == before.BytesReceived+1
 }
