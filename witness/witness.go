@@ -2,9 +2,10 @@
 // to the bytes of one attempt on one upstream socket.
 //
 // The proxy takes a Snapshot of the upstream socket when the request write
-// starts and another when the attempt fails. Only NoByteLeft(before, after)
-// may upgrade the evidence sent_no_response to not_sent (spec section 1);
-// anything short of that proof keeps sent_no_response.
+// starts and another when the attempt fails. Only NoByteLeft(before, after),
+// or EndedBeforeAck for a stream the peer ended before answering, may
+// upgrade the evidence sent_no_response to not_sent (spec section 1);
+// anything short of those proofs keeps sent_no_response.
 //
 // Implementations: TCPInfo (getsockopt TCP_INFO, Linux; the fallback), the
 // eBPF witness in agent/ (socket records keyed by socket cookie), and Memory
