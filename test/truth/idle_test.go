@@ -48,11 +48,9 @@ type idleCount struct {
 // it, executes it and resets; it must be answered ambiguous, every time.
 func TestIdleReuse(t *testing.T) {
 	u := startUpstreams(t)
-	egret, traces := startEgret(t, u.policyFor(truthDefaults))
-	c := client(egret, 1)
 	const n = 20
-	// The control runs first, while egret knows nothing of the upstream and
-	// still reuses connections for a POST.
+	// The control: while egret knows nothing of the upstream it reuses a
+	// connection for a POST.
 	cells := []idleCell{{targetH1, ledger.KindNone, "POST", ledger.KindResetAfterRead}}
 	for _, tg := range []target{targetH1, targetH2C} {
 		for _, prime := range []ledger.Kind{ledger.KindCloseIdle, ledger.KindResetOnReuse} {
@@ -62,8 +60,12 @@ func TestIdleReuse(t *testing.T) {
 		}
 	}
 	var report strings.Builder
-	explain := explainer(traces)
 	for ci, cell := range cells {
+		// An egret of its own a cell: it starts knowing nothing of the
+		// upstream, so each cell pays for what egret must learn.
+		egret, traces := startEgret(t, u.policyFor(truthDefaults))
+		c := client(egret, 1)
+		explain := explainer(traces)
 		var cnt idleCount
 		for i := range n {
 			prime := spec{n: i, id: fmt.Sprintf("idle%02d-%02d-prime", ci, i), target: cell.target, method: "GET",
@@ -113,7 +115,7 @@ func TestIdleReuse(t *testing.T) {
 		}
 		fmt.Fprintf(&report, "  %-42s 200 %2d  ambiguous %2d  not-sent %2d  other %2d  duplicates %d  false not-sent %d\n",
 			cell, cnt.ok, cnt.ambiguous, cnt.notSent, cnt.other, cnt.duplicates, cnt.falseNotSent)
+		c.CloseIdleConnections()
 	}
-	c.CloseIdleConnections()
 	t.Logf("%d requests a cell, each after a priming request on the same upstream:\n%s", n, report.String())
 }
