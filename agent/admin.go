@@ -233,6 +233,25 @@ type AttemptView struct {
 	// when no witness read them.
 	WitnessBefore *CountersView `json:"witness_before"`
 	WitnessAfter  *CountersView `json:"witness_after"`
+	// Proof is the witness's proof when Upgraded: "no_byte_left" or
+	// "ended_before_ack" (the upstream's FIN acked no byte of the
+	// request, and it reset them).
+	Proof string `json:"proof,omitempty"`
+	// Reused: the attempt went on a pooled connection, idle IdleMs.
+	Reused bool    `json:"reused"`
+	IdleMs float64 `json:"idle_ms"`
+	// IdleBound: the upstream's idle bound applied to a request that is
+	// not safely idempotent; null when none was.
+	IdleBound *IdleBoundView `json:"idle_bound"`
+}
+
+// IdleBoundView is a retry.IdleBound: pooled connections idle LimitMs or
+// longer do not carry the request; Source ("keep-alive timeout", "close
+// seen") and SeenMs tell where it was learned.
+type IdleBoundView struct {
+	LimitMs float64 `json:"limit_ms"`
+	SeenMs  float64 `json:"seen_ms"`
+	Source  string  `json:"source"`
 }
 
 // CountersView is a witness.Counters snapshot; a counter the witness
@@ -296,6 +315,13 @@ func ViewTrace(tr retry.Trace) TraceView {
 			Decision: at.Decision.Decision.String(), Reason: at.Decision.Reason.String(),
 			HiddenRetries: at.HiddenRetries,
 			WitnessBefore: viewCounters(at.WitnessBefore), WitnessAfter: viewCounters(at.WitnessAfter),
+			Reused: at.Reused, IdleMs: ms(at.Idle),
+		}
+		if at.Upgraded {
+			av.Proof = at.Proof.String()
+		}
+		if b := at.IdleBound; b.Source != retry.IdleBoundNone {
+			av.IdleBound = &IdleBoundView{LimitMs: ms(b.Limit), SeenMs: ms(b.Seen), Source: b.Source.String()}
 		}
 		if av.Reason == "" {
 			av.Reason = "none"

@@ -62,7 +62,7 @@ func TestStandaloneAdminAndExplainJSON(t *testing.T) {
 		return k
 	}
 	wantTrace := []string{"attempts", "body", "idempotent", "method", "outcome", "pod", "request_id", "start", "upstream", "url"}
-	wantAttempt := []string{"budget", "decision", "duration_ms", "error", "evidence", "failure", "hidden_retries", "n", "reason", "stage", "start", "status", "upgraded", "wait_ms", "witness_after", "witness_before"}
+	wantAttempt := []string{"budget", "decision", "duration_ms", "error", "evidence", "failure", "hidden_retries", "idle_bound", "idle_ms", "n", "reason", "reused", "stage", "start", "status", "upgraded", "wait_ms", "witness_after", "witness_before"}
 	wantCounters := []string{"bytes_acked", "bytes_received", "bytes_sent", "data_segs_out", "notsent_bytes", "queue_discarded", "reset_at", "reset_received", "retransmits", "rtos", "source", "tcp_state"}
 	witnessed := 0
 	for path, wantOutcome := range map[string]string{"/flaky": "relayed", "/reset": "ambiguous"} {

@@ -128,12 +128,21 @@ type Attempt struct {
 	// proved not_sent for a stage that alone gave sent_no_response.
 	Evidence engine.Evidence
 	Upgraded bool
+	// Proof says which proof the witness gave when Upgraded.
+	Proof Proof
 	// WitnessBefore/After are the upstream socket's counters when the
 	// request write started and when the attempt failed (zero if none).
 	WitnessBefore, WitnessAfter witness.Counters
-	Status                      int
-	Err                         string
-	Decision                    engine.Result
+	// Reused: the attempt went on a pooled connection, idle for Idle.
+	// IdleBound is the upstream's bound the pool applied to a request that
+	// is not safely idempotent (Source none: nothing learned, or the
+	// request is idempotent and any live connection does).
+	Reused    bool
+	Idle      time.Duration
+	IdleBound IdleBound
+	Status    int
+	Err       string
+	Decision  engine.Result
 	// Budget is the upstream's retry tokens when the decision was taken,
 	// if it consulted them (BudgetRead: a success never does).
 	Budget     float64
@@ -158,4 +167,27 @@ type Trace struct {
 	Start      time.Time
 	Attempts   []Attempt
 	Outcome    engine.Outcome
+}
+
+// Proof is how the kernel witness proved not_sent.
+type Proof uint8
+
+const (
+	ProofNone Proof = iota
+	// ProofNoByteLeft: no byte of the request left the host
+	// (witness.NoByteLeft).
+	ProofNoByteLeft
+	// ProofEndedBeforeAck: bytes left, but the upstream's FIN acked none
+	// of them and it reset them (witness.EndedBeforeAck).
+	ProofEndedBeforeAck
+)
+
+func (p Proof) String() string {
+	switch p {
+	case ProofNoByteLeft:
+		return "no_byte_left"
+	case ProofEndedBeforeAck:
+		return "ended_before_ack"
+	}
+	return "none"
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/witness"
@@ -45,6 +46,31 @@ type attemptTrace struct {
 	mayHaveSent bool
 	before      witness.Counters
 	hasBefore   bool
+	// risky: the request is not safely idempotent (set by the runner); the
+	// HTTP/1.1 pool then gives it only a connection within bound.
+	risky bool
+	bound IdleBound
+	// reused, idle: the connection had carried requests, and was idle
+	// that long when this attempt took it.
+	reused bool
+	idle   time.Duration
+	// endBeforeAnswer: the upstream ended the stream (FIN, read as the end
+	// of a plain TCP connection) before any byte of a response.
+	endBeforeAnswer bool
+}
+
+// setIdleBound records the idle bound the pool applied to the attempt.
+func (a *attemptTrace) setIdleBound(b IdleBound) {
+	a.mu.Lock()
+	a.bound = b
+	a.mu.Unlock()
+}
+
+// peerEnded records that the upstream's FIN came before any response byte.
+func (a *attemptTrace) peerEnded() {
+	a.mu.Lock()
+	a.endBeforeAnswer = true
+	a.mu.Unlock()
 }
 
 // clientTrace gives the attempt's hooks to net/http/httptrace, for the
@@ -100,6 +126,7 @@ func (a *attemptTrace) gotConn(info httptrace.GotConnInfo) {
 	}
 	a.gotConns++
 	a.conn = info.Conn
+	a.reused, a.idle, a.endBeforeAnswer = info.Reused, info.IdleTime, false
 	a.connWC, a.connWritten = nil, 0
 	if wc := witnessConnOf(info.Conn); wc != nil && !wc.shared {
 		a.connWC, a.connWritten = wc, wc.bytesWritten()

@@ -29,9 +29,24 @@ func (t *Trace) Explain() string {
 			}
 		}
 		fmt.Fprintf(&b, ", evidence %s", a.Evidence)
-		if a.Upgraded {
+		wb, wa := a.WitnessBefore, a.WitnessAfter
+		switch {
+		case a.Upgraded && a.Proof == ProofEndedBeforeAck:
+			fmt.Fprintf(&b, " (witness %s: %d bytes sent, acked %d before and after: the upstream's FIN acked none, then it reset them)",
+				wa.Source, wa.BytesSent-wb.BytesSent, wa.BytesAcked)
+		case a.Upgraded:
 			fmt.Fprintf(&b, " (witness %s: %d bytes / %d segments sent before and after)",
-				a.WitnessAfter.Source, a.WitnessAfter.BytesSent, a.WitnessAfter.DataSegsOut)
+				wa.Source, wa.BytesSent, wa.DataSegsOut)
+		case wa.Source != "":
+			fmt.Fprintf(&b, " (witness %s: sent %d -> %d, acked %d -> %d)", wa.Source, wb.BytesSent, wa.BytesSent,
+				wb.BytesAcked, wa.BytesAcked)
+		}
+		if a.Reused {
+			fmt.Fprintf(&b, ", on a connection idle %s", a.Idle.Round(time.Microsecond))
+		}
+		if a.IdleBound.Source != IdleBoundNone {
+			fmt.Fprintf(&b, ", idle bound %s (%s %s)", a.IdleBound.Limit.Round(time.Microsecond),
+				a.IdleBound.Source, a.IdleBound.Seen.Round(time.Microsecond))
 		}
 		if a.HiddenRetries > 0 {
 			fmt.Fprintf(&b, ", %d connection(s) replaced by net/http", a.HiddenRetries)

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -73,6 +74,18 @@ type h1Pool struct {
 	// back to idle: a body's last write may put it back after the
 	// response ended, and a test that counts connections waits for it.
 	idled func()
+	// bounds: per upstream, how long a connection may have been idle and
+	// still carry a request that is not safely idempotent.
+	bounds idleBounds
+	// clock, when set (tests), replaces time.Now for idle times.
+	clock func() time.Time
+}
+
+func (p *h1Pool) now() time.Time {
+	if p.clock != nil {
+		return p.clock()
+	}
+	return time.Now()
 }
 
 // poolKey names the connections that can carry a request: scheme and
@@ -196,9 +209,13 @@ func (p *h1Pool) release(key poolKey) {
 
 // get returns an idle connection of key that is still open, or reserves the
 // right to dial a new one (nil, nil), waiting for one while MaxConnsPerHost
-// are open.
-func (p *h1Pool) get(ctx context.Context, key poolKey) (*h1Conn, error) {
+// are open. A risky request (not safely idempotent) gets only a connection
+// idle for less than the upstream's learned bound (see idleBounds), which
+// get returns; the others get any live one, and no bound is looked up.
+func (p *h1Pool) get(ctx context.Context, key poolKey, risky bool) (*h1Conn, IdleBound, error) {
 	limit := p.t.opts.MaxConnsPerHost
+	var bound IdleBound
+	looked := false
 	for {
 		p.mu.Lock()
 		if l := p.idle[key]; len(l) > 0 {
@@ -206,19 +223,35 @@ func (p *h1Pool) get(ctx context.Context, key poolKey) (*h1Conn, error) {
 			l[len(l)-1] = nil
 			p.idle[key] = l[:len(l)-1]
 			p.mu.Unlock()
-			// Checked outside the lock: the peek is a system call.
-			if time.Since(c.idleAt) > p.t.opts.IdleConnTimeout || c.stale() {
+			now := p.now()
+			idle := now.Sub(c.idleAt)
+			if risky && !looked {
+				bound, looked = p.bounds.bound(key, now), true
+			}
+			if idle > p.t.opts.IdleConnTimeout || bound.Source != IdleBoundNone && idle >= bound.Limit {
+				// Expired, or too close to the upstream's own timeout to
+				// risk the request on (the most recent idle connection
+				// is last: the others are older still).
 				c.close()
 				continue
 			}
-			return c, nil
+			// Checked outside the lock: the peek is a system call.
+			if c.stale() {
+				p.bounds.closed(key, idle, now)
+				c.close()
+				continue
+			}
+			return c, bound, nil
 		}
 		if limit <= 0 || p.open[key] < limit {
 			if limit > 0 {
 				p.open[key]++
 			}
 			p.mu.Unlock()
-			return nil, nil
+			if risky && !looked {
+				bound = p.bounds.bound(key, p.now())
+			}
+			return nil, bound, nil
 		}
 		w := make(chan struct{})
 		p.waiters[key] = append(p.waiters[key], w)
@@ -240,7 +273,7 @@ func (p *h1Pool) get(ctx context.Context, key poolKey) (*h1Conn, error) {
 				p.wakeOne(key)
 			default:
 			}
-			return nil, ctx.Err()
+			return nil, bound, ctx.Err()
 		}
 	}
 }
@@ -257,7 +290,7 @@ func (p *h1Pool) wakeOne(key poolKey) {
 // put returns a connection whose exchange ended cleanly to the pool.
 func (p *h1Pool) put(c *h1Conn) {
 	c.used = true
-	c.idleAt = time.Now()
+	c.idleAt = p.now()
 	p.mu.Lock()
 	if len(p.idle[c.key]) >= p.t.opts.MaxIdleConnsPerHost {
 		p.mu.Unlock()
@@ -291,7 +324,7 @@ func (p *h1Pool) sweep() {
 	for key, l := range p.idle {
 		live := l[:0]
 		for _, c := range l {
-			if time.Since(c.idleAt) > p.t.opts.IdleConnTimeout {
+			if p.now().Sub(c.idleAt) > p.t.opts.IdleConnTimeout {
 				old = append(old, c)
 				continue
 			}
@@ -372,7 +405,11 @@ func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*h
 	if h.ct != nil && h.ct.GetConn != nil {
 		h.ct.GetConn(addr)
 	}
-	c, err := p.get(ctx, key)
+	risky := !idempotentMethod(req.Method)
+	if h.at != nil {
+		risky = h.at.risky
+	}
+	c, bound, err := p.get(ctx, key, risky)
 	if err != nil {
 		return nil, err
 	}
@@ -390,10 +427,37 @@ func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*h
 	}
 	info := httptrace.GotConnInfo{Conn: c.nc, Reused: c.used}
 	if c.used {
-		info.WasIdle, info.IdleTime = true, time.Since(c.idleAt)
+		info.WasIdle, info.IdleTime = true, p.now().Sub(c.idleAt)
+	}
+	if h.at != nil {
+		h.at.setIdleBound(bound)
 	}
 	h.gotConn(info)
-	return c.exchange(ctx, req, h, order)
+	resp, err := c.exchange(ctx, req, h, order)
+	switch {
+	case err == nil:
+		p.bounds.keepAlive(key, resp.Header)
+	case info.Reused && peerClosed(err):
+		// The upstream closed the idle connection as the request came.
+		p.bounds.closed(key, info.IdleTime, p.now())
+	}
+	return resp, err
+}
+
+// idempotentMethod is RFC 9110's list, for HTTPTransport used on its own
+// (the runner resolves idempotency by policy and says so).
+func idempotentMethod(m string) bool {
+	switch m {
+	case "", "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		return true
+	}
+	return false
+}
+
+// peerClosed reports whether err is the upstream's end of the connection:
+// an end of stream or a reset before a response head.
+func peerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // hooks are what an exchange reports to: the runner's attempt (a, its
@@ -842,6 +906,9 @@ func (c *h1Conn) readHead(req *http.Request, h hooks) (*http.Response, error) {
 		c.lr.n = limit
 		if _, err := c.br.Peek(1); err != nil {
 			c.lr.n = -1
+			if first && err == io.EOF && !c.tls && h.at != nil {
+				h.at.peerEnded()
+			}
 			return nil, err
 		}
 		if first {

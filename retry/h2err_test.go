@@ -119,7 +119,7 @@ func TestH2UnusableConnOfNetHTTP(t *testing.T) {
 	})
 	base := NewHTTPTransport(HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
-	c, _, err := base.h2.get(t.Context(), srv.ln.Addr().String(), false, nil)
+	c, _, _, err := base.h2.get(t.Context(), srv.ln.Addr().String(), false, nil, IdleBound{})
 	if err != nil {
 		t.Fatal(err)
 	}

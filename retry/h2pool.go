@@ -18,6 +18,9 @@ type h2Conn struct {
 	cc   *http.ClientConn
 	nc   net.Conn // what GotConn reports: the *tls.Conn or the witness conn
 	used bool
+	// lastUse is when a stream was last reserved on it: a connection
+	// with no stream in flight has been idle since then at most.
+	lastUse time.Time
 }
 
 // h2Pool pools HTTP/2 client connections by address and calls
@@ -95,8 +98,20 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attem
 	}
 	// A connection that became unusable before our stream was opened
 	// wrote nothing of this request: taking another one is not a retry.
+	risky := !idempotentMethod(req.Method)
+	if a != nil {
+		risky = a.at.risky
+	}
+	key := poolKey{req.URL.Scheme, addr}
+	var bound IdleBound
+	if risky {
+		bound = p.t.h1.bounds.bound(key, p.t.h1.now())
+	}
+	if a != nil {
+		a.at.setIdleBound(bound)
+	}
 	for try := 0; ; try++ {
-		c, reused, err := p.get(ctx, addr, useTLS, w)
+		c, reused, idle, err := p.get(ctx, addr, useTLS, w, bound)
 		if errors.Is(err, errH1) {
 			return p.t.h1.roundTrip(req, a, order)
 		}
@@ -110,20 +125,36 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attem
 		if err != nil && h2ConnFaultOf(err) == h2Unusable && try < 3 {
 			continue
 		}
+		if err != nil && reused && idle > 0 && !h2Refused(err) && (peerClosed(err) || errors.Is(err, errFrozen)) {
+			// The upstream dropped the idle connection as the stream came.
+			p.t.h1.bounds.closed(key, idle, p.t.h1.now())
+		}
 		return resp, err
 	}
 }
 
 // get returns a connection with a stream reserved for the caller; a
-// connection it dials is watched by w (nil: none).
-func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Witness) (*h2Conn, bool, error) {
+// connection it dials is watched by w (nil: none). With a bound (a request
+// that is not safely idempotent), a connection with no stream in flight
+// that has been idle for the bound's limit or longer is passed over. idle
+// is how long the connection it returns had no stream (0: streams in
+// flight, or new).
+func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Witness, bound IdleBound) (*h2Conn, bool, time.Duration, error) {
 	for dials := 0; ; {
 		p.mu.Lock()
 		live := p.conns[addr][:0]
 		var found *h2Conn
+		var idle time.Duration
+		now := p.t.h1.now()
 		for _, c := range p.conns[addr] {
-			if found == nil && c.cc.Reserve() == nil {
-				found = c
+			var quiet time.Duration
+			if c.cc.InFlight() == 0 {
+				quiet = now.Sub(c.lastUse)
+			}
+			tooIdle := bound.Source != IdleBoundNone && quiet > 0 && quiet >= bound.Limit
+			if found == nil && !tooIdle && c.cc.Reserve() == nil {
+				found, idle = c, quiet
+				c.lastUse = now
 				live = append(live, c)
 				continue
 			}
@@ -140,7 +171,7 @@ func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Wi
 			reused := found.used
 			found.used = true
 			p.mu.Unlock()
-			return found, reused, nil
+			return found, reused, idle, nil
 		}
 		if d, ok := p.dialing[addr]; ok {
 			p.mu.Unlock()
@@ -148,12 +179,12 @@ func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Wi
 			case <-d.done:
 				continue
 			case <-ctx.Done():
-				return nil, false, ctx.Err()
+				return nil, false, 0, ctx.Err()
 			}
 		}
 		if dials == 3 {
 			p.mu.Unlock()
-			return nil, false, fmt.Errorf("no HTTP/2 connection to %s takes a new stream", addr)
+			return nil, false, 0, fmt.Errorf("no HTTP/2 connection to %s takes a new stream", addr)
 		}
 		dials++
 		d := &h2Dial{done: make(chan struct{}), w: w}
@@ -166,14 +197,15 @@ func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Wi
 		close(d.done)
 		if err != nil {
 			p.mu.Unlock()
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		p.conns[addr] = append(p.conns[addr], c)
 		ok := c.cc.Reserve() == nil
 		c.used = true
+		c.lastUse = p.t.h1.now()
 		p.mu.Unlock()
 		if ok {
-			return c, false, nil
+			return c, false, 0, nil
 		}
 	}
 }

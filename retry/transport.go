@@ -597,6 +597,7 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 	rec.Start = rn.now()
 	at := &ar.at
 	at.w = rn.Witness
+	at.risky = !r.idempotent
 	ar.ctx.start(r.parent, at, r.deadline, r.pol.AttemptTimeout)
 	var actx context.Context = &ar.ctx
 	if r.ht == nil {
@@ -652,6 +653,7 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 	}
 	at.mu.Lock()
 	rec.HiddenRetries = at.hidden
+	rec.Reused, rec.Idle, rec.IdleBound = at.reused, at.idle, at.bound
 	at.mu.Unlock()
 	if err != nil {
 		// fired is final: once the head phase ended, the timer can no
@@ -699,7 +701,7 @@ func (r *run) witness(at *attemptTrace, rec *Attempt) {
 		return
 	}
 	at.mu.Lock()
-	before, hasBefore, movedAfterWrite := at.before, at.hasBefore, at.hidden > 0
+	before, hasBefore, movedAfterWrite, ended := at.before, at.hasBefore, at.hidden > 0, at.endBeforeAnswer
 	at.mu.Unlock()
 	if !hasBefore || movedAfterWrite {
 		return
@@ -710,8 +712,13 @@ func (r *run) witness(at *attemptTrace, rec *Attempt) {
 		return
 	}
 	rec.WitnessAfter = after
-	if witness.NoByteLeft(before, after) {
-		rec.Evidence, rec.Upgraded = engine.NotSent, true
+	switch {
+	case witness.NoByteLeft(before, after):
+		rec.Evidence, rec.Upgraded, rec.Proof = engine.NotSent, true, ProofNoByteLeft
+	case ended && witness.EndedBeforeAck(before, after):
+		// Bytes left, but the upstream had closed before the first of
+		// them reached it (its FIN acked none; it reset them).
+		rec.Evidence, rec.Upgraded, rec.Proof = engine.NotSent, true, ProofEndedBeforeAck
 	}
 }
 

@@ -58,7 +58,7 @@ func (TCPInfo) Snapshot(c syscall.RawConn) (Counters, error) {
 		Source:      sourceTCPInfo,
 	}
 	if has(unsafe.Offsetof(info.Bytes_acked), unsafe.Sizeof(info.Bytes_acked)) {
-		out.BytesAcked = info.Bytes_acked
+		out.BytesAcked, out.HasBytesAcked = info.Bytes_acked, true
 	}
 	if has(unsafe.Offsetof(info.Data_segs_out), unsafe.Sizeof(info.Data_segs_out)) {
 		out.DataSegsOut, out.HasDataSegsOut = uint64(info.Data_segs_out), true

@@ -2,9 +2,10 @@
 // to the bytes of one attempt on one upstream socket.
 //
 // The proxy takes a Snapshot of the upstream socket when the request write
-// starts and another when the attempt fails. Only NoByteLeft(before, after)
-// may upgrade the evidence sent_no_response to not_sent (spec section 1);
-// anything short of that proof keeps sent_no_response.
+// starts and another when the attempt fails. Only NoByteLeft(before, after),
+// or EndedBeforeAck for a stream the peer ended before answering, may
+// upgrade the evidence sent_no_response to not_sent (spec section 1);
+// anything short of those proofs keeps sent_no_response.
 //
 // Implementations: TCPInfo (getsockopt TCP_INFO, Linux; the fallback), the
 // eBPF witness in agent/ (socket records keyed by socket cookie), and Memory
@@ -40,8 +41,10 @@ type Counters struct {
 	NotSentBytes    uint64
 	HasNotSentBytes bool
 	QueueDiscarded  bool
-	// BytesAcked counts payload bytes the peer acknowledged.
-	BytesAcked uint64
+	// BytesAcked counts payload bytes the peer acknowledged
+	// (tcpi_bytes_acked, Linux 4.0 and later: HasBytesAcked).
+	BytesAcked    uint64
+	HasBytesAcked bool
 	// Retransmits and RTOs count retransmitted segments and RTO firings.
 	Retransmits uint32
 	RTOs        uint32
@@ -65,6 +68,10 @@ type Counters struct {
 // data means the peer closed or reset it.
 const StateEstablished = 1
 
+// StateClose is Counters.State of a connection that was reset (linux
+// TCP_CLOSE), before our side closed it.
+const StateClose = 7
+
 // Witness observes upstream sockets.
 type Witness interface {
 	// Snapshot reads the counters of the socket behind c.
@@ -84,4 +91,32 @@ func NoByteLeft(before, after Counters) bool {
 		return false
 	}
 	return before.BytesSent == after.BytesSent && before.DataSegsOut == after.DataSegsOut
+}
+
+// EndedBeforeAck reports whether the two snapshots prove that the peer
+// ended its side of the connection before any byte sent between them
+// reached it, and then refused them. The caller must know that the peer's
+// FIN was read before any byte of an answer (an end of stream), and take
+// after once the connection failed, before closing it. The proof:
+//
+//   - the FIN carries the peer's cumulative ACK, which the kernel
+//     processes: had any byte sent since before reached the peer's kernel
+//     by the time it sent the FIN, the acked-byte counter would have moved.
+//     It did not, and the received-byte counter moved by exactly one: the
+//     FIN's sequence number (tcpi_bytes_received follows rcv_nxt), no data;
+//   - the connection is now reset (state CLOSE): the peer's kernel answered
+//     those bytes with a RST, as it does for data reaching a socket closed
+//     for reading, whereas a peer that only half-closed would have taken
+//     and acknowledged them.
+//
+// A RST alone proves nothing: the kernel ignores the ACK a RST carries,
+// and a peer that read the request and then reset often has not sent its
+// (delayed) ACK yet, so "nothing acked" is what a request that was read
+// and executed looks like too.
+func EndedBeforeAck(before, after Counters) bool {
+	if !before.HasBytesAcked || !after.HasBytesAcked || !before.HasBytesReceived || !after.HasBytesReceived {
+		return false
+	}
+	return after.State == StateClose && before.BytesAcked == after.BytesAcked &&
+		after.BytesReceived == before.BytesReceived+1
 }

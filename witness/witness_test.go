@@ -55,3 +55,27 @@ func TestMemoryScript(t *testing.T) {
 		t.Fatalf("empty script: %v", err)
 	}
 }
+
+func TestEndedBeforeAck(t *testing.T) {
+	base := Counters{BytesAcked: 66, HasBytesAcked: true, BytesReceived: 40, HasBytesReceived: true, State: StateEstablished}
+	with := func(f func(*Counters)) Counters { c := base; f(&c); return c }
+	finThenReset := with(func(c *Counters) { c.BytesReceived++; c.State = StateClose })
+	for _, tc := range []struct {
+		name   string
+		before Counters
+		after  Counters
+		want   bool
+	}{
+		{"FIN acking nothing, then RST", base, finThenReset, true},
+		{"the FIN acked a byte", base, with(func(c *Counters) { c.BytesReceived++; c.State = StateClose; c.BytesAcked++ }), false},
+		{"FIN, no RST yet (a half-close may read)", base, with(func(c *Counters) { c.BytesReceived++; c.State = 8 }), false},
+		{"a data byte came", base, with(func(c *Counters) { c.BytesReceived += 2; c.State = StateClose }), false},
+		{"RST alone (no FIN counted)", base, with(func(c *Counters) { c.State = StateClose }), false},
+		{"acked unknown", with(func(c *Counters) { c.HasBytesAcked = false }), finThenReset, false},
+		{"received unknown", base, with(func(c *Counters) { *c = finThenReset; c.HasBytesReceived = false }), false},
+	} {
+		if got := EndedBeforeAck(tc.before, tc.after); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -174,6 +174,7 @@ func (w *Witness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
 		ctr.BytesSent = max(ctr.BytesSent, info.BytesSent)
 		ctr.DataSegsOut = max(ctr.DataSegsOut, info.DataSegsOut)
 		ctr.BytesAcked = max(ctr.BytesAcked, info.BytesAcked)
+		ctr.HasBytesAcked = info.HasBytesAcked
 		ctr.Retransmits = max(ctr.Retransmits, info.Retransmits)
 		ctr.State = info.State
 		ctr.BytesReceived, ctr.HasBytesReceived = info.BytesReceived, info.HasBytesReceived

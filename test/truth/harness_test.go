@@ -135,6 +135,10 @@ func explainer(traces *proxy.Traces) func(string) string {
 			if at.Upgraded {
 				b.WriteString(", upgraded by the witness")
 			}
+			if at.WitnessAfter.Source != "" {
+				fmt.Fprintf(&b, " [sent %d->%d, acked %d->%d, state %d]", at.WitnessBefore.BytesSent, at.WitnessAfter.BytesSent,
+					at.WitnessBefore.BytesAcked, at.WitnessAfter.BytesAcked, at.WitnessAfter.State)
+			}
 			if at.Err != "" {
 				fmt.Fprintf(&b, ": %s", at.Err)
 			}

@@ -446,7 +446,11 @@ func writeExplain(w io.Writer, tv agent.TraceView) {
 		}
 		fmt.Fprintf(w, "  attempt %d: %s in %.1f ms; evidence %s", a.N, what, a.DurationMs, a.Evidence)
 		if a.Upgraded {
-			fmt.Fprint(w, " (upgraded by the witness)")
+			fmt.Fprint(w, " (upgraded by the witness")
+			if a.Proof == "ended_before_ack" {
+				fmt.Fprint(w, ": the upstream's FIN acked no byte of the request, then it reset them")
+			}
+			fmt.Fprint(w, ")")
 		}
 		fmt.Fprintf(w, "; decision %s/%s", a.Decision, a.Reason)
 		if a.Budget != nil {
@@ -460,9 +464,20 @@ func writeExplain(w io.Writer, tv agent.TraceView) {
 			}
 			// The kernel's bytes acked (tcpi_bytes_acked) counts the
 			// SYN and the FIN as a byte each: 265 sent is 266 acked.
-			fmt.Fprintf(w, "    witness (%s): bytes sent %s -> %s, data segments %s -> %s, acked %d (+1 each for SYN and FIN), retransmits %d, reset %v\n",
+			fmt.Fprintf(w, "    witness (%s): bytes sent %s -> %s, data segments %s -> %s, acked %d -> %d (+1 each for SYN and FIN), retransmits %d, reset %v\n",
 				wa.Source, count(wb.BytesSent), count(wa.BytesSent), count(wb.DataSegsOut),
-				count(wa.DataSegsOut), wa.BytesAcked, wa.Retransmits, wa.ResetReceived)
+				count(wa.DataSegsOut), wb.BytesAcked, wa.BytesAcked, wa.Retransmits, wa.ResetReceived)
+		}
+		if a.Reused || a.IdleBound != nil {
+			conn := "a new connection"
+			if a.Reused {
+				conn = fmt.Sprintf("a pooled connection idle %.1f ms", a.IdleMs)
+			}
+			fmt.Fprintf(w, "    connection: %s", conn)
+			if b := a.IdleBound; b != nil {
+				fmt.Fprintf(w, "; idle bound %.1f ms for requests that are not idempotent (%s: %.1f ms)", b.LimitMs, b.Source, b.SeenMs)
+			}
+			fmt.Fprintln(w)
 		}
 		if a.Err != "" {
 			fmt.Fprintf(w, "    error: %s\n", a.Err)
