@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -86,10 +87,10 @@ func (w *Watcher) Synced() bool {
 // tried again by the informers; the table stays as it is meanwhile.
 func (w *Watcher) Run(ctx context.Context) error {
 	w.svc = cache.NewSharedIndexInformer(
-		cache.NewListWatchFromClient(w.c.Core, "services", metav1.NamespaceAll, nil),
+		cache.NewListWatchFromClient(w.c.Core, "services", metav1.NamespaceAll, fields.Everything()),
 		&corev1.Service{}, 0, cache.Indexers{})
 	w.eps = cache.NewSharedIndexInformer(
-		cache.NewListWatchFromClient(w.c.Discovery, "endpointslices", metav1.NamespaceAll, nil),
+		cache.NewListWatchFromClient(w.c.Discovery, "endpointslices", metav1.NamespaceAll, fields.Everything()),
 		&discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 	// Only what the table reads is kept in the informers' stores: a
 	// slice's endpoints lose their references, names and zones.
