@@ -279,3 +279,30 @@ func TestServiceUnsupportedGoesThroughClusterIP(t *testing.T) {
 	}
 	t.Log(tr.Explain())
 }
+
+// A pod that dials an endpoint itself with a Host naming the Service is
+// attributed to the Service, and its request goes where it sent it; a
+// Host naming the Service to an address that is not one of its
+// endpoints is not.
+func TestServiceNamedByHostToItsEndpoint(t *testing.T) {
+	bs := startBackends(t, 2)
+	vip, vipConns := startClusterIP(t)
+	tb := serviceTable(t, vip, "", bs, true)
+	traces := NewTraces(0)
+	res := &StaticResolver{Dst: bs[1].addr}
+	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Services: tb, Traces: traces})
+	st, _, id := svcGet(t, p, "backend.shop.svc.cluster.local")
+	tr, _ := traces.Get(id)
+	if want := "shop/backend:" + strconv.Itoa(int(vip.Port())); st != 200 || tr.Upstream != want {
+		t.Errorf("status %d, upstream %q; want 200 from %q", st, tr.Upstream, want)
+	}
+	if bs[1].hits.Load() != 1 || bs[0].hits.Load() != 0 || vipConns.Load() != 0 {
+		t.Errorf("hits %d/%d, ClusterIP %d: want the endpoint the pod chose", bs[0].hits.Load(), bs[1].hits.Load(), vipConns.Load())
+	}
+	other := startBackends(t, 1)[0]
+	p = startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: other.addr}, Services: tb, Traces: traces})
+	_, _, id = svcGet(t, p, "backend.shop.svc.cluster.local")
+	if tr, _ := traces.Get(id); tr.Upstream == "shop/backend:"+strconv.Itoa(int(vip.Port())) {
+		t.Errorf("a Host naming the Service took a destination that is not its endpoint")
+	}
+}
