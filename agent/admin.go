@@ -204,6 +204,9 @@ type TraceView struct {
 	// is), ambiguous, not-sent or failed.
 	Outcome  string        `json:"outcome"`
 	Attempts []AttemptView `json:"attempts"`
+	// Note: how the upstream was handled, when it says more than the
+	// attempts (a Kubernetes Service egret leaves to kube-proxy).
+	Note string `json:"note,omitempty"`
 }
 
 // AttemptView is one attempt of a TraceView, with the witness counters
@@ -228,6 +231,9 @@ type AttemptView struct {
 	// null: not consulted (a success).
 	Budget        *float64 `json:"budget"`
 	HiddenRetries int      `json:"hidden_retries"`
+	// Endpoint is the Service endpoint the attempt dialled ("" when the
+	// dial went to the destination the pod sent it to).
+	Endpoint string `json:"endpoint,omitempty"`
 	// WitnessBefore and WitnessAfter are the upstream socket's counters
 	// when the request write started and when the attempt ended; null
 	// when no witness read them.
@@ -303,7 +309,7 @@ func ViewTrace(tr retry.Trace) TraceView {
 	v := TraceView{
 		RequestID: tr.RequestID, Method: tr.Method, URL: tr.URL, Upstream: tr.Upstream,
 		Idempotent: tr.Idempotent, Body: tr.Body.String(), Start: tr.Start, Outcome: tr.Outcome.String(),
-		Attempts: make([]AttemptView, 0, len(tr.Attempts)),
+		Attempts: make([]AttemptView, 0, len(tr.Attempts)), Note: tr.Note,
 	}
 	if tr.Outcome == engine.OutcomeNone {
 		v.Outcome = OutcomeRelayed
@@ -313,7 +319,7 @@ func ViewTrace(tr retry.Trace) TraceView {
 			N: at.N, Start: at.Start, DurationMs: ms(at.Duration), Stage: at.Stage.String(), Failure: at.Failure.String(),
 			Evidence: at.Evidence.String(), Upgraded: at.Upgraded, Status: at.Status, Err: at.Err,
 			Decision: at.Decision.Decision.String(), Reason: at.Decision.Reason.String(),
-			HiddenRetries: at.HiddenRetries,
+			HiddenRetries: at.HiddenRetries, Endpoint: at.Endpoint,
 			WitnessBefore: viewCounters(at.WitnessBefore), WitnessAfter: viewCounters(at.WitnessAfter),
 			Reused: at.Reused, IdleMs: ms(at.Idle),
 		}

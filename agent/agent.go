@@ -98,6 +98,10 @@ type Config struct {
 	Attacher Attacher
 	// Source names the pods (required).
 	Source pods.Source
+	// Endpoints, when set, reports the Kubernetes Service endpoints that
+	// left their Service (agent/services.Table, also Proxy.Services): the
+	// agent closes every pod's pooled connections to them.
+	Endpoints GoneEndpoints
 	// SelfCgroup is the agent's own cgroup v2 directory, where egret's
 	// getsockopt (SO_ORIGINAL_DST answers) and witness programs go. The
 	// listeners and upstream sockets the agent creates belong to it. Empty:
@@ -392,12 +396,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		polChanged = reloads.Changed()
 		a.tlsOrigins = tlsOrigins(a.cfg.Policy.Current())
 	}
+	var gone <-chan struct{} // nil: no Services
+	if a.cfg.Endpoints != nil {
+		gone = a.cfg.Endpoints.Gone()
+	}
 	var err error
 loop:
 	for {
 		select {
 		case <-ctx.Done():
 			break loop
+		case <-gone:
+			a.closeGone()
 		case err = <-srcErr:
 			if ctx.Err() != nil {
 				err = nil
@@ -424,6 +434,34 @@ loop:
 	stopSrc()
 	a.stopAll()
 	return err
+}
+
+// GoneEndpoints reports endpoints that left their Service: Gone is
+// signalled, TakeGone gives their addresses (host:port) and how many were
+// dropped past its bound.
+type GoneEndpoints interface {
+	Gone() <-chan struct{}
+	TakeGone() (addrs []string, dropped uint64)
+}
+
+// closeGone closes the pods' pooled connections to endpoints that left
+// their Service.
+func (a *Agent) closeGone() {
+	addrs, dropped := a.cfg.Endpoints.TakeGone()
+	if dropped > 0 {
+		a.log.Warn("endpoints left faster than their connections could be closed; the rest close when idle", "dropped", dropped)
+	}
+	a.mu.Lock()
+	srvs := make([]*proxy.Server, 0, len(a.pods))
+	for _, ps := range a.pods {
+		if ps.srv != nil {
+			srvs = append(srvs, ps.srv)
+		}
+	}
+	a.mu.Unlock()
+	for _, s := range srvs {
+		s.CloseEndpoints(addrs)
+	}
 }
 
 // PolicyReloads is a node policy source that reloads (*policy.Watcher):

@@ -883,6 +883,9 @@ func TestRBACIsWhatTheSourceNeeds(t *testing.T) {
 		"/pods":                       {"get", "list", "watch"},
 		"/events":                     {"create", "patch"},
 		"/namespaces/" + sa.Namespace: {"get", "list", "watch"},
+		// agent/services: one informer each for the node.
+		"/services":                       {"list", "watch"},
+		"discovery.k8s.io/endpointslices": {"list", "watch"},
 	}
 	for k := range want {
 		slices.Sort(want[k])

@@ -153,7 +153,15 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 
 	// Who the upstream is, decided once: its entry, budget and bulkhead,
 	// and whether its credential may go there.
-	ident := c.identify(c.s.ctx, cfg.Policy.Current(), tg)
+	pol := cfg.Policy.Current()
+	var ident Identity
+	byService := false
+	if cfg.Services != nil && cfg.Mode == Transparent {
+		ident, byService = c.service(c.s.ctx, pol, tg)
+	}
+	if !byService {
+		ident = c.identify(c.s.ctx, pol, tg)
+	}
 	if ident.Proof == ProofMismatch {
 		cfg.Metrics.hostMismatch()
 	}
@@ -232,8 +240,12 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 		c.refuse(req, id, start, http.StatusBadGateway, err.Error())
 		return false
 	}
+	x.rx.Endpoints = ident.Endpoints
 	x.rx.Request = c.outgoing(req, tg, body, x, upgrade)
 	res := c.s.runner.Run(&x.rx)
+	if ident.ServiceNote != "" && res.Trace != nil {
+		res.Trace.Note = ident.ServiceNote
+	}
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
 	keep := !req.Close && !c.s.closing.Load() && (body == nil || body.Done())

@@ -5,10 +5,12 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/retry"
 )
 
 // Proof says how a request's upstream was identified.
@@ -77,6 +79,53 @@ type Identity struct {
 	// Credential: the entry's bearer token may be sent (and refreshed
 	// after a 401).
 	Credential bool
+	// Service is the Kubernetes Service port the destination is
+	// ("namespace/name:port"; transparent mode with Config.Services),
+	// Endpoints its endpoints' chooser for this request (nil: the dial
+	// goes to the destination, the ClusterIP, as the pod sent it), and
+	// ServiceNote why egret leaves the Service to kube-proxy.
+	Service     string
+	Endpoints   retry.Endpoints
+	ServiceNote string
+}
+
+// Services tells which Kubernetes Service a transparent request goes to
+// (agent/services.Table, one per node). Service returns the Service
+// ("namespace/name") and its port at dst: dst is one of its ClusterIPs, or
+// host names it and dst is one of its endpoints. eps chooses the endpoints
+// of the request's attempts; nil when the dial goes to dst as the pod sent
+// it, why then saying why egret leaves the Service to kube-proxy (empty:
+// the pod chose the endpoint itself). ok false: dst is no Service.
+type Services interface {
+	Service(dst netip.AddrPort, host string) (svc string, port uint16, eps retry.Endpoints, why string, ok bool)
+}
+
+// service attributes a transparent request to its Kubernetes Service, if
+// it goes to one: the Service's `service:` entry applies (a fixed port
+// before any port), else one the Host names and the destination is shown
+// to be (identify's rules), else the defaults, named after the Service.
+func (c *conn) service(ctx context.Context, pol *policy.Policy, tg target) (Identity, bool) {
+	svc, port, eps, why, ok := c.s.cfg.Services.Service(c.dst, tg.host)
+	if !ok {
+		return Identity{}, false
+	}
+	ns, name, _ := strings.Cut(svc, "/")
+	up := pol.MatchService(ns, name, int(port))
+	id := Identity{Upstream: up, Host: c.dstHost, Port: uint16(tg.port), Dest: c.dst, Budget: up.Name,
+		Proof: ProofAddress, Credential: up.CredentialAllowed(c.dst.Addr())}
+	if !up.Service() {
+		// No entry names the Service: a Host entry proven for the
+		// destination applies, else the defaults under its name.
+		if byHost := c.identify(ctx, pol, tg); byHost.Upstream.Host != "" {
+			id = byHost
+		}
+	}
+	id.Service = ns + "/" + name + ":" + strconv.Itoa(int(port))
+	id.Endpoints, id.ServiceNote = eps, why
+	if why != "" {
+		id.ServiceNote = "Service " + id.Service + " left to kube-proxy (through its ClusterIP): " + why
+	}
+	return id, true
 }
 
 // identify decides the identity of a request to tg under pol. In explicit

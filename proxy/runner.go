@@ -73,6 +73,21 @@ func (b *bases) get(u *policy.Upstream, host string, proto policy.Protocol) (*re
 	return t, nil
 }
 
+// closeAddrs closes every transport's connections to addrs (CloseAddr).
+func (b *bases) closeAddrs(addrs []string) {
+	b.mu.Lock()
+	ts := make([]*retry.HTTPTransport, 0, len(b.m))
+	for _, t := range b.m {
+		ts = append(ts, t)
+	}
+	b.mu.Unlock()
+	for _, t := range ts {
+		for _, a := range addrs {
+			t.CloseAddr(a)
+		}
+	}
+}
+
 func (b *bases) closeIdle() {
 	b.mu.Lock()
 	defer b.mu.Unlock()

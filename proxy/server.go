@@ -186,6 +186,13 @@ type Config struct {
 	// explicit mode, without a Dial, its Resolver resolves the names egret
 	// dials.
 	Names *Names
+	// Services, when set, tells which Kubernetes Service a transparent
+	// destination is (agent/services, one per node): such a request is
+	// attributed to the Service (budget, bulkhead, metrics, logs and
+	// traces name it "namespace/name:port", a `service:` policy entry
+	// applies) and, unless egret leaves the Service to kube-proxy, its
+	// attempts dial the Service's endpoints, chosen by the Services.
+	Services Services
 
 	// ConnectPorts are the ports an explicit-mode CONNECT may reach
 	// (default: DefaultConnectPorts, 443 only). TunnelIdleTimeout ends a
@@ -452,6 +459,15 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // response body has begun (it cannot be answered again), a tunnel or a
 // passthrough is cut at once, with a reset. The answers get up to
 // AnswerGrace; what is left then is reset.
+// CloseEndpoints closes the pooled upstream connections to addrs
+// (host:port), busy ones when their exchange ends: endpoints that left
+// their Kubernetes Service, whose connections must carry no other request.
+func (s *Server) CloseEndpoints(addrs []string) {
+	if len(addrs) > 0 && s.bases != nil {
+		s.bases.closeAddrs(addrs)
+	}
+}
+
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
 	s.closing.Store(true)

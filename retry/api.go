@@ -154,6 +154,9 @@ type Attempt struct {
 	// claims not_sent; see Transport. A move after a write that failed
 	// before its first byte (net/http's "nothing written") is not one.
 	HiddenRetries int
+	// Endpoint is the address the attempt dialled when the exchange chose
+	// among several (Exchange.Endpoints); empty otherwise.
+	Endpoint string
 }
 
 // Trace is the short history of one request.
@@ -167,6 +170,9 @@ type Trace struct {
 	Start      time.Time
 	Attempts   []Attempt
 	Outcome    engine.Outcome
+	// Note is the caller's word on how the upstream was handled (the
+	// proxy's: a Kubernetes Service egret leaves to kube-proxy).
+	Note string
 }
 
 // Proof is how the kernel witness proved not_sent.

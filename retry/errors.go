@@ -20,6 +20,9 @@ var (
 	// cause inside an *Error, whose message already begins with "egret: ";
 	// like every cause this package makes, it has no prefix of its own.
 	ErrRequestInvalid = errors.New("invalid request")
+	// ErrNoEndpoint: the upstream's Endpoints had none to offer (a
+	// Service without a ready or serving endpoint); nothing was dialled.
+	ErrNoEndpoint = errors.New("no endpoint available")
 	// ErrProfileRejected: a policy refused the request before dispatch
 	// (profile_rejected: not sent, permanent), e.g. a dialer that will
 	// not connect to the destination. A cause, like ErrRequestInvalid.

@@ -18,8 +18,14 @@ func (t *Trace) Explain() string {
 		idem = "idempotent"
 	}
 	fmt.Fprintf(&b, "%s %s -> %s (%s, body %s)\n", t.Method, t.URL, t.Upstream, idem, t.Body)
+	if t.Note != "" {
+		fmt.Fprintf(&b, "  note: %s\n", t.Note)
+	}
 	for _, a := range t.Attempts {
 		fmt.Fprintf(&b, "  #%d %s reached %s: ", a.N, a.Duration.Round(time.Microsecond), a.Stage)
+		if a.Endpoint != "" {
+			fmt.Fprintf(&b, "endpoint %s, ", a.Endpoint)
+		}
 		if a.Failure == engine.CategoryNone {
 			fmt.Fprintf(&b, "status %d", a.Status)
 		} else {

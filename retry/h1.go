@@ -66,6 +66,14 @@ type h1Pool struct {
 	open     map[poolKey]int       // connections per key, counted with MaxConnsPerHost
 	waiters  map[poolKey][]chan struct{}
 	sweeping bool
+	// born numbers the connections dialled; retired[key] is the number of
+	// the last one dialled when its address left (closeAddr): a busy
+	// connection of key born no later never goes back to idle. live counts
+	// a retired key's connections, so that the key is forgotten with its
+	// last one.
+	born    atomic.Uint64
+	retired map[poolKey]uint64
+	live    map[poolKey]int
 	// closing is held by a sweep and by closeIdle from taking connections
 	// out of idle until they are closed: once closeIdle returns, no sweep
 	// still closes a connection (whose witness its owner may then close).
@@ -93,13 +101,15 @@ func (p *h1Pool) now() time.Time {
 type poolKey struct{ scheme, addr string }
 
 func newH1Pool(t *HTTPTransport) *h1Pool {
-	return &h1Pool{t: t, idle: make(map[poolKey][]*h1Conn), open: make(map[poolKey]int), waiters: make(map[poolKey][]chan struct{})}
+	return &h1Pool{t: t, idle: make(map[poolKey][]*h1Conn), open: make(map[poolKey]int), waiters: make(map[poolKey][]chan struct{}),
+		retired: make(map[poolKey]uint64), live: make(map[poolKey]int)}
 }
 
 // h1Conn is one upstream connection; it carries one request at a time.
 type h1Conn struct {
 	p       *h1Pool
 	key     poolKey
+	born    uint64   // h1Pool.born when it was dialled
 	nc      net.Conn // a *witnessConn, or a *tls.Conn over one
 	wc      *witnessConn
 	tls     bool
@@ -167,6 +177,43 @@ func (c *h1Conn) close() {
 	}
 	c.nc.Close()
 	c.p.release(c.key)
+	c.p.forget(c)
+}
+
+// forget counts a closed connection out of its key's.
+func (p *h1Pool) forget(c *h1Conn) {
+	p.mu.Lock()
+	if n := p.live[c.key]; n <= 1 {
+		delete(p.live, c.key)
+		delete(p.retired, c.key)
+	} else {
+		p.live[c.key] = n - 1
+	}
+	p.mu.Unlock()
+}
+
+// closeAddr closes the idle connections to addr, and makes the busy ones
+// close when their exchange ends rather than go back to idle: the address
+// left its upstream (an endpoint left its Service), so no connection to it
+// is used again. A connection dialled to addr after this call is pooled as
+// usual (the address came back).
+func (p *h1Pool) closeAddr(addr string) {
+	p.closing.Lock()
+	defer p.closing.Unlock()
+	var old []*h1Conn
+	p.mu.Lock()
+	for _, scheme := range [...]string{"http", "https"} {
+		key := poolKey{scheme, addr}
+		old = append(old, p.idle[key]...)
+		delete(p.idle, key)
+		if p.live[key] > 0 {
+			p.retired[key] = p.born.Load()
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range old {
+		c.close()
+	}
 }
 
 // stale reports whether an idle connection can no longer carry a request:
@@ -292,7 +339,8 @@ func (p *h1Pool) put(c *h1Conn) {
 	c.used = true
 	c.idleAt = p.now()
 	p.mu.Lock()
-	if len(p.idle[c.key]) >= p.t.opts.MaxIdleConnsPerHost {
+	r, retired := p.retired[c.key]
+	if len(p.idle[c.key]) >= p.t.opts.MaxIdleConnsPerHost || retired && c.born <= r {
 		p.mu.Unlock()
 		c.close()
 		return
@@ -379,7 +427,10 @@ func (p *h1Pool) dial(ctx context.Context, key poolKey, w witness.Witness) (*h1C
 		}
 		return nil, err
 	}
-	c := &h1Conn{p: p, key: key, nc: nc, wc: witnessConnOf(nc), tls: key.scheme == "https"}
+	c := &h1Conn{p: p, key: key, born: p.born.Add(1), nc: nc, wc: witnessConnOf(nc), tls: key.scheme == "https"}
+	p.mu.Lock()
+	p.live[key]++
+	p.mu.Unlock()
 	c.lr.c = nc
 	c.interrupt = func() { nc.SetDeadline(aLongTimeAgo) }
 	c.br = bufio.NewReaderSize(&c.lr, h1ReadBuffer)

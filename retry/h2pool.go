@@ -285,6 +285,21 @@ func (p *h2Pool) dialed(addr string, nc net.Conn) {
 	}
 }
 
+// closeAddr takes addr's connections out of the pool, so that none carries
+// another request, and closes the idle ones; a busy one is closed by
+// net/http's idle timeout once its streams end.
+func (p *h2Pool) closeAddr(addr string) {
+	p.mu.Lock()
+	l := p.conns[addr]
+	delete(p.conns, addr)
+	p.mu.Unlock()
+	for _, c := range l {
+		if c.cc.InFlight() == 0 {
+			c.cc.Close()
+		}
+	}
+}
+
 func (p *h2Pool) closeIdle() {
 	p.mu.Lock()
 	defer p.mu.Unlock()

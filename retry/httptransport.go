@@ -161,6 +161,21 @@ func (t *HTTPTransport) CloseIdleConnections() {
 	t.stash.closeAll()
 }
 
+// CloseAddr closes the pooled connections to addr (host:port) and keeps the
+// ones still carrying an exchange from being pooled again: addr left its
+// upstream (an endpoint that left a Kubernetes Service), and no connection
+// to it may carry another request. HTTP/2 connections to it are closed
+// once idle.
+func (t *HTTPTransport) CloseAddr(addr string) {
+	t.h1.closeAddr(addr)
+	if t.h2 != nil {
+		t.h2.closeAddr(addr)
+	}
+	if c := t.stash.take(addr); c != nil {
+		c.Close()
+	}
+}
+
 func (t *HTTPTransport) knownH1(addr string) bool {
 	v, ok := t.alpn.Load(addr)
 	return ok && time.Now().Before(v.(time.Time))

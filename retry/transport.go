@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,8 +62,29 @@ type Exchange struct {
 	// before a retry); a failure to enter it is the attempt's
 	// pool_timeout.
 	Bulkhead Bulkhead
+	// Endpoints, when set, chooses the address each attempt dials: the
+	// upstream is several servers (a Kubernetes Service's endpoints). The
+	// request's URL and Host header keep naming the upstream; only the
+	// dial (and the pooled connection) is the endpoint's.
+	Endpoints Endpoints
 
 	run run // the run's state, in the caller's allocation
+}
+
+// Endpoints chooses the server each attempt of one exchange goes to, when
+// the upstream is several (a Kubernetes Service's endpoints). One value
+// serves one exchange: it remembers the endpoints that failed it, so that
+// a retry goes elsewhere while another endpoint is available. Its calls
+// alternate (Pick, Done, Pick, Done...), from the run's goroutine.
+type Endpoints interface {
+	// Pick returns the host:port the next attempt dials. ok false: no
+	// endpoint is available; the attempt fails not_sent (ErrNoEndpoint),
+	// permanently, and nothing is dialled.
+	Pick() (addr string, ok bool)
+	// Done tells how the attempt on the address Pick returned ended: failed
+	// when it got no response (a refused or timed-out connect, a reset, a
+	// timeout) or a 5xx.
+	Done(failed bool)
 }
 
 // Bulkhead bounds the attempts in flight to an upstream.
@@ -144,7 +166,8 @@ func (rn *Runner) defaultBase() *HTTPTransport {
 func (rn *Runner) Run(x *Exchange) Result {
 	rn.init()
 	r := &x.run
-	*r = run{rn: rn, req: x.Request, work: x.Request, ht: x.Base, order: x.FieldOrder, bulkhead: x.Bulkhead, start: rn.now()}
+	*r = run{rn: rn, req: x.Request, work: x.Request, ht: x.Base, order: x.FieldOrder, bulkhead: x.Bulkhead,
+		eps: x.Endpoints, start: rn.now()}
 	if r.ht == nil {
 		r.ht = rn.defaultBase()
 	}
@@ -377,6 +400,7 @@ type run struct {
 	base     http.RoundTripper
 	order    []string // header field order (Exchange.FieldOrder)
 	bulkhead Bulkhead
+	eps      Endpoints    // Exchange.Endpoints
 	draining func() bool  // Transport.Draining
 	onTrace  func(*Trace) // Transport.OnTrace
 
@@ -419,6 +443,8 @@ type attemptResult struct {
 	ctx     attemptCtx
 	at      attemptTrace
 	req     http.Request // the attempt's request, in this allocation
+	url     url.URL      // its URL when an endpoint was picked (Exchange.Endpoints)
+	picked  bool         // Endpoints.Pick chose this attempt's endpoint
 }
 
 func (r *run) do() Result {
@@ -468,6 +494,9 @@ func (r *run) do() Result {
 			ar = &attemptResult{}
 		}
 		r.attempt(ar, rec, body)
+		if ar.picked {
+			r.eps.Done(rec.Failure != engine.CategoryNone || rec.Status >= 500)
+		}
 		res := r.decide(rec, ar)
 		r.rn.Metrics.attempt(rec)
 		if ar.resp == nil && rec.Evidence != engine.NotSent {
@@ -617,8 +646,33 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 		ar.permit = true
 	}
 
+	var addr string
+	if r.eps != nil {
+		var ok bool
+		if addr, ok = r.eps.Pick(); !ok {
+			if body != nil {
+				body.Close()
+			}
+			ar.err = ErrNoEndpoint
+			rec.Stage, rec.Failure, rec.Evidence, rec.Err = StageDNS, engine.DNSNotFound, engine.NotSent, ErrNoEndpoint.Error()
+			return
+		}
+		ar.picked = true
+		rec.Endpoint = addr
+	}
+
 	ar.req = *r.work.WithContext(actx) // WithContext's copy stays on the stack
 	areq := &ar.req
+	if addr != "" {
+		// The endpoint is dialled; the Host header still names the
+		// upstream the client addressed.
+		ar.url = *areq.URL
+		if areq.Host == "" {
+			areq.Host = ar.url.Host
+		}
+		ar.url.Host = addr
+		areq.URL = &ar.url
+	}
 	areq.GetBody = nil
 	areq.Body = body
 	if r.kind == engine.BodyNone {

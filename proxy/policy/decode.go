@@ -560,6 +560,10 @@ func (d *decoder) upstream(n *yaml.Node, path string, index int) *rawUpstream {
 			hostGiven = true
 			d.host(v, p, u)
 		}
+		fields["service"] = func(v *yaml.Node, p string) {
+			hostGiven = true
+			d.service(v, p, u)
+		}
 		fields["port"] = func(v *yaml.Node, p string) { d.intVal(v, p, 1, 65535, &u.Port) }
 		fields["credential"] = block(map[string]func(*yaml.Node, string){
 			"bearer_token_file": func(v *yaml.Node, p string) { d.filePath(v, p, &u.TokenFile) },
@@ -765,6 +769,10 @@ func (d *decoder) host(n *yaml.Node, path string, u *rawUpstream) {
 	if !ok {
 		return
 	}
+	if u.Host.set {
+		d.fail(v.at, ErrInvalid, "service and host exclude each other: an entry matches one or the other")
+		return
+	}
 	norm := normalizeHost(h)
 	if suffix, wild := strings.CutPrefix(norm, "*."); wild {
 		if !validDNSName(suffix) {
@@ -784,6 +792,32 @@ func (d *decoder) host(n *yaml.Node, path string, u *rawUpstream) {
 	}
 	u.Host.put(norm, v.at)
 }
+
+// service reads `service: NAMESPACE/NAME`, a Kubernetes Service: the
+// entry matches requests the agent attributes to it (by its ClusterIP),
+// on any of its ports or on `port:` alone. It stands where `host:` would
+// (the two exclude each other), under the key NAMESPACE/NAME, which no
+// host name can spell.
+func (d *decoder) service(n *yaml.Node, path string, u *rawUpstream) {
+	var v val[string]
+	s, ok := d.str(n, path, &v)
+	if !ok {
+		return
+	}
+	if u.Host.set {
+		d.fail(v.at, ErrInvalid, "service and host exclude each other: an entry matches one or the other")
+		return
+	}
+	ns, name, found := strings.Cut(s, "/")
+	if !found || !serviceLabel.MatchString(ns) || !serviceLabel.MatchString(name) {
+		d.fail(v.at, ErrInvalid, "%q is not a Service: write namespace/name (DNS labels)", s)
+		return
+	}
+	u.Host.put(ns+"/"+name, v.at)
+}
+
+// serviceLabel is a Kubernetes namespace or Service name (RFC 1123 label).
+var serviceLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 func (d *decoder) name(n *yaml.Node, path string, u *rawUpstream) {
 	var v val[string]

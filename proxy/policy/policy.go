@@ -250,7 +250,9 @@ func (p *Policy) TLSOriginFor(dst netip.AddrPort) TLSOrigin {
 		if !u.TLS.Enabled || (u.Port != 0 && u.Port != int(dst.Port())) {
 			continue
 		}
-		if _, wild := cutWildcard(u.Host); wild {
+		if _, wild := cutWildcard(u.Host); wild || u.Service() {
+			// A Service's ClusterIPs are the agent's to know, not the
+			// policy's: any destination may be one.
 			o.Always = true
 			return o
 		}
@@ -348,6 +350,11 @@ func Default() *Policy {
 // Name filled in; do not modify it.
 func (p *Policy) Match(host string, port int) *Upstream {
 	h := normalizeHost(host)
+	if strings.Contains(h, "/") {
+		// No host name has a slash: the keys of `service:` entries have
+		// one, and only MatchService reaches them.
+		return p.Defaults.forDestination(h, port)
+	}
 	if u := pick(p.exact[h], port); u != nil {
 		return u.forDestination(h, port)
 	}
@@ -361,6 +368,22 @@ func (p *Policy) Match(host string, port int) *Upstream {
 	}
 	return p.Defaults.forDestination(h, port)
 }
+
+// MatchService returns the policy of port of the Kubernetes Service
+// namespace/name: its `service:` entry (a fixed port before any port),
+// else the defaults. An entry without a name, and the defaults, are named
+// "namespace/name:port", as the agent names the Service in budgets,
+// metrics and logs.
+func (p *Policy) MatchService(namespace, name string, port int) *Upstream {
+	k := namespace + "/" + name
+	if u := pick(p.exact[k], port); u != nil {
+		return u.forDestination(k, port)
+	}
+	return p.Defaults.forDestination(k, port)
+}
+
+// Service reports whether the entry is a `service:` one.
+func (u *Upstream) Service() bool { return strings.Contains(u.Host, "/") }
 
 func pick(byPort map[int]*Upstream, port int) *Upstream {
 	if byPort == nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/egret-proxy/egret/agent/services"
 	"io"
 	"net"
 	"net/http"
@@ -146,7 +147,12 @@ func runAgent(c *cli.Context) error {
 	)
 	var install *kube.Install
 	var reporter agent.Reporter
+	var svcs *services.Table
+	var svcWatch *services.Watcher
 	if c.Bool("kubernetes") {
+		if svcs, svcWatch, err = kubeServices(c, log); err != nil {
+			return err
+		}
 		ks, d, stopRec, inst, err := kubeSource(c, log, func(err error) { a.SourceError(err) })
 		if err != nil {
 			return err
@@ -175,6 +181,12 @@ func runAgent(c *cli.Context) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	proxyCfg := proxy.Config{Metrics: pm, AccessLog: access, LogQuery: c.Bool("log-query")}
+	var gone agent.GoneEndpoints
+	if svcs != nil {
+		proxyCfg.Services, gone = svcs, svcs
+		go svcWatch.Run(ctx)
+	}
 
 	var pol proxy.PolicySource = proxy.StaticPolicy{P: policy.Default()}
 	if f := c.String("policy"); f != "" {
@@ -229,7 +241,8 @@ func runAgent(c *cli.Context) error {
 		Witness:       l.Witness(),
 		ListenPort:    uint16(port),
 		Policy:        pol,
-		Proxy:         proxy.Config{Metrics: pm, AccessLog: access, LogQuery: c.Bool("log-query")},
+		Proxy:         proxyCfg,
+		Endpoints:     gone,
 		ShutdownGrace: c.Duration("grace"),
 		CleanupOnExit: c.Bool("cleanup"),
 		Reporter:      reporter,
@@ -439,12 +452,18 @@ func writeExplain(w io.Writer, tv agent.TraceView) {
 	}
 	fmt.Fprintf(w, "request %s%s: %s %s to %s (idempotent %v, body %s) -> outcome %s after %d attempt(s)\n",
 		tv.RequestID, from, tv.Method, tv.URL, tv.Upstream, tv.Idempotent, tv.Body, outcomeOr(tv.Outcome), len(tv.Attempts))
+	if tv.Note != "" {
+		fmt.Fprintf(w, "  note: %s\n", tv.Note)
+	}
 	for _, a := range tv.Attempts {
 		what := fmt.Sprintf("status %d", a.Status)
 		if a.Status == 0 {
 			what = fmt.Sprintf("%s at %s", a.Failure, a.Stage)
 		}
 		fmt.Fprintf(w, "  attempt %d: %s in %.1f ms; evidence %s", a.N, what, a.DurationMs, a.Evidence)
+		if a.Endpoint != "" {
+			fmt.Fprintf(w, "; endpoint %s", a.Endpoint)
+		}
 		if a.Upgraded {
 			fmt.Fprint(w, " (upgraded by the witness")
 			if a.Proof == "ended_before_ack" {

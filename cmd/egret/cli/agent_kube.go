@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/egret-proxy/egret/agent/services"
 	"log/slog"
 	"time"
 
@@ -28,6 +29,7 @@ func agentKubeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "cgroup-root", Value: cgroup2.Root(), Usage: "`DIR` where cgroup v2 is mounted, under which --kubernetes looks for the pods' cgroups"},
 		&cli.StringFlag{Name: "kubelet-cgroup-root", Usage: "the kubelet's --cgroup-root `PATH`, if it has one, for --kubernetes"},
 		&cli.StringFlag{Name: "pod-name", EnvVars: []string{"POD_NAME"}, Usage: "the agent's own pod `NAME` for --kubernetes (the DaemonSet sets POD_NAME): on SIGTERM its DaemonSet tells an uninstall (pinned state removed) from a restart (kept)"},
+		&cli.StringFlag{Name: "cluster-domain", Value: "cluster.local", Usage: "the cluster's DNS `DOMAIN` for --kubernetes: a Host NAME.NS.svc.DOMAIN names a Service"},
 		&cli.StringFlag{Name: "pod-namespace", EnvVars: []string{"POD_NAMESPACE"}, Usage: "the agent's own pod's `NAMESPACE` for --kubernetes (the DaemonSet sets POD_NAMESPACE)"},
 	}
 }
@@ -43,7 +45,7 @@ func checkPodSource(c *cli.Context) error {
 		return usage("agent needs a pod source: --pods FILE (a pods file) or --kubernetes (this node's annotated pods)")
 	}
 	if !c.Bool("kubernetes") {
-		for _, f := range []string{"kubeconfig", "cgroup-driver", "kubelet-cgroup-root", "cgroup-root"} {
+		for _, f := range []string{"kubeconfig", "cgroup-driver", "kubelet-cgroup-root", "cgroup-root", "cluster-domain"} {
 			if c.IsSet(f) {
 				return usage("--%s is for --kubernetes", f)
 			}
@@ -122,6 +124,26 @@ func kubeSource(c *cli.Context, log *slog.Logger, onError func(error)) (src *kub
 	}
 	desc = append(desc, "daemonset", install.Namespace+"/"+install.DaemonSet)
 	return src, desc, stopRec, install, nil
+}
+
+// kubeServices is the node's table of Services and the watcher that fills
+// it (one informer for Services, one for EndpointSlices): requests to a
+// ClusterIP are attributed to their Service and balanced over its
+// endpoints by egret. Until the watcher has synced (an API server not
+// answering at start) the table lacks the Services, whose requests go
+// through their ClusterIPs as the pods sent them.
+func kubeServices(c *cli.Context, log *slog.Logger) (*services.Table, *services.Watcher, error) {
+	cfg, _, err := restConfig(c.String("kubeconfig"))
+	if err != nil {
+		return nil, nil, cli.Exit(err.Error(), 2)
+	}
+	cfg.UserAgent = "egret-agent"
+	cl, err := services.NewClients(cfg)
+	if err != nil {
+		return nil, nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 2)
+	}
+	t := services.New(services.Options{ClusterDomain: c.String("cluster-domain"), Logger: log})
+	return t, services.NewWatcher(t, cl), nil
 }
 
 // restConfig is the in-cluster config, or kubeconfig's if named.
