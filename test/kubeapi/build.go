@@ -2,6 +2,7 @@ package kubeapi
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -29,6 +30,7 @@ var programs = []toolbuild.Program{
 	{Pkg: "k8s.io/kubernetes/cmd/kubelet", Out: "kubelet", Name: "kubelet"},
 	{Pkg: "k8s.io/kubernetes/cmd/kube-controller-manager", Out: "kube-controller-manager", Name: "kube-controller-manager"},
 	{Pkg: "k8s.io/kubernetes/cmd/kube-scheduler", Out: "kube-scheduler", Name: "kube-scheduler"},
+	{Pkg: "k8s.io/kubernetes/cmd/kube-proxy", Out: "kube-proxy", Name: "kube-proxy"},
 }
 
 // Program names for Programs.
@@ -38,7 +40,39 @@ const (
 	Kubelet           = "kubelet"
 	ControllerManager = "kube-controller-manager"
 	Scheduler         = "kube-scheduler"
+	Proxy             = "kube-proxy"
+	CoreDNS           = "coredns"
 )
+
+// coredns is CoreDNS, from a module of its own (coredns/, beside the tools
+// module: CoreDNS requires newer client-go, gRPC and OpenTelemetry than
+// Kubernetes pins), static and stripped: test/kubenode puts it in an image.
+var coredns = toolbuild.Program{Pkg: "github.com/egret-proxy/egret/test/kubeapi/coredns", Out: "coredns", Name: CoreDNS}
+
+// CoreDNSDir is the CoreDNS module's directory (beside this file).
+func CoreDNSDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "coredns")
+}
+
+// corednsModule builds CoreDNS as its release builds are: without cgo,
+// -trimpath; stripped (-s -w) and stamped with the version it is.
+func corednsModule() toolbuild.Module {
+	return toolbuild.Module{Name: "coredns", Dir: CoreDNSDir(), LDFlags: corednsLDFlags,
+		BuildArgs: []string{"-trimpath"}, Env: []string{"CGO_ENABLED=0"}, Readme: "test/kubenode/README.md"}
+}
+
+func corednsLDFlags() (string, error) {
+	mod, err := os.ReadFile(filepath.Join(CoreDNSDir(), "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("coredns module: %w", err)
+	}
+	v := toolbuild.ModVersion(mod, "github.com/coredns/coredns")
+	if v == "" {
+		return "", fmt.Errorf("coredns module: no github.com/coredns/coredns version in go.mod")
+	}
+	return "-s -w -X github.com/coredns/coredns/coremain.GitCommit=" + v, nil
+}
 
 var binMu sync.Mutex
 
@@ -56,8 +90,9 @@ func Binaries(t testing.TB) (apiserver, etcd string) {
 }
 
 // Programs returns the paths of the named programs (APIServer, Etcd,
-// Kubelet, ControllerManager, Scheduler), building those not built yet
-// from the tools module in one go build. The binaries are kept under the
+// Kubelet, ControllerManager, Scheduler, Proxy, CoreDNS), building those
+// not built yet: the Kubernetes ones from the tools module in one go build,
+// CoreDNS from its own module. The binaries are kept under the
 // user cache directory by the hash of the tools module's go.sum, and a
 // file lock makes concurrent test processes wait for one build. The build
 // reports its start and end on standard error, and on /dev/tty when there
@@ -116,10 +151,13 @@ func Build(names ...string) (map[string]string, error) {
 		for _, p := range programs {
 			names = append(names, p.Name)
 		}
+		names = append(names, CoreDNS)
 	}
 	var progs []toolbuild.Program
+	withCoreDNS := false
 	for _, n := range names {
-		found := false
+		found := n == CoreDNS
+		withCoreDNS = withCoreDNS || found
 		for _, p := range programs {
 			if p.Name == n {
 				progs, found = append(progs, p), true
@@ -129,5 +167,20 @@ func Build(names ...string) (map[string]string, error) {
 			return nil, fmt.Errorf("no program %q in the tools module", n)
 		}
 	}
-	return module().Build(progs...)
+	paths := map[string]string{}
+	if len(progs) > 0 {
+		p, err := module().Build(progs...)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(paths, p)
+	}
+	if withCoreDNS {
+		p, err := corednsModule().Build(coredns)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(paths, p)
+	}
+	return paths, nil
 }

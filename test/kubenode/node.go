@@ -1,8 +1,9 @@
 // Package kubenode runs a real single-node Kubernetes for tests: etcd,
-// kube-apiserver, kube-controller-manager, kube-scheduler and a kubelet
-// (built from the Go module proxy by test/kubeapi's tools module) with
-// Debian's containerd, runc and CNI plugins, isolated in a mount and
-// network namespace of its own.
+// kube-apiserver, kube-controller-manager, kube-scheduler, a kubelet and
+// kube-proxy in iptables mode (built from the Go module proxy by
+// test/kubeapi's tools module), cluster DNS (CoreDNS, built the same way,
+// as a pod behind the kube-dns Service) with Debian's containerd, runc and
+// CNI plugins, isolated in a mount and network namespace of its own.
 //
 // Nothing of the node reaches the host's network, mounts, sysctls or
 // /run/netns: its bridge, pods, iptables rules and routes live in its
@@ -70,9 +71,17 @@ const (
 	IP = "10.88.0.1"
 	// PodCIDR is the pods' subnet.
 	PodCIDR = "10.88.0.0/24"
-	// ServiceIP is the kubernetes Service's ClusterIP (DNAT to the
-	// apiserver: there is no kube-proxy).
+	// ServiceIP is the kubernetes Service's ClusterIP (kube-proxy sends
+	// it to the apiserver).
 	ServiceIP = "10.96.0.1"
+	// ServiceCIDR is the Services' ClusterIP range.
+	ServiceCIDR = "10.96.0.0/24"
+	// DNSServiceIP is the kube-dns Service's ClusterIP, the pods'
+	// nameserver (kubelet's clusterDNS).
+	DNSServiceIP = "10.96.0.10"
+	// ClusterDomain is the kubelet's clusterDomain: a Service is
+	// NAME.NAMESPACE.svc.cluster.local.
+	ClusterDomain = "cluster.local"
 	// Bridge is the CNI bridge.
 	Bridge = "egretnode0"
 	// PauseImage is the sandbox image containerd is set to.
@@ -118,7 +127,8 @@ func Start(t testing.TB) *Node {
 	}
 	_, err := os.Stat("/usr/lib/cni/bridge")
 	testenv.Require(t, err == nil, "CNI plugins in /usr/lib/cni (apt-get install containernetworking-plugins)")
-	bins := kubeapi.Programs(t, kubeapi.Etcd, kubeapi.APIServer, kubeapi.Kubelet, kubeapi.ControllerManager, kubeapi.Scheduler)
+	bins := kubeapi.Programs(t, kubeapi.Etcd, kubeapi.APIServer, kubeapi.Kubelet, kubeapi.ControllerManager,
+		kubeapi.Scheduler, kubeapi.Proxy, kubeapi.CoreDNS)
 
 	n := &Node{Timings: map[string]time.Duration{}}
 	t.Cleanup(func() { n.stop(t) })
@@ -152,7 +162,9 @@ func Start(t testing.TB) *Node {
 	step("controllers", func() error {
 		return n.startControllers(bins[kubeapi.ControllerManager], bins[kubeapi.Scheduler], p)
 	})
+	step("kube-proxy", func() error { return n.startKubeProxy(bins[kubeapi.Proxy]) })
 	step("ready", n.waitReady)
+	step("dns", func() error { return n.startDNS(bins[kubeapi.CoreDNS]) })
 	n.Timings["total"] = time.Since(start)
 	t.Logf("kubenode: node %s Ready in %v (%v)", Name, n.Timings["total"].Round(time.Millisecond), n.Timings)
 	return n
@@ -260,11 +272,14 @@ func (n *Node) startNamespaces() error {
 ip link add %[1]s type bridge
 ip addr add %[2]s/24 dev %[1]s
 ip link set %[1]s up
-iptables -t nat -A PREROUTING -d %[3]s/32 -p tcp --dport 443 -j DNAT --to-destination %[2]s:6443
-iptables -t nat -A OUTPUT -d %[3]s/32 -p tcp --dport 443 -j DNAT --to-destination %[2]s:6443
-echo ready > %[4]s
+# ClusterIPs must be routable from the node itself (hostNetwork pods, the
+# node's own processes): a real node routes them by its default route and
+# kube-proxy's nat OUTPUT rules DNAT them after that lookup. The node has
+# no uplink, so the Service range goes to the bridge.
+ip route add %[4]s dev %[1]s src %[2]s
+echo ready > %[3]s
 exec sleep infinity
-`, Bridge, IP, ServiceIP, filepath.Join(n.Dir, "run", "ns-ready"))
+`, Bridge, IP, filepath.Join(n.Dir, "run", "ns-ready"), ServiceCIDR)
 	h, err := kubeapi.StartProc("namespaces", "unshare", filepath.Join(n.Dir, "log", "namespaces.log"),
 		"--mount", "--net", "--propagation", "private", "sh", "-c", script.String())
 	if err != nil {
@@ -377,7 +392,7 @@ func (n *Node) startAPIServer(bin string, p *pki) error {
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+p.file("sa.pub"), "--service-account-signing-key-file="+p.file("sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true",
+		"--service-cluster-ip-range="+ServiceCIDR, "--allow-privileged=true",
 		"--kubelet-client-certificate="+p.file("kubelet-client.crt"), "--kubelet-client-key="+p.file("kubelet-client.key"),
 		"--kubelet-preferred-address-types=InternalIP",
 		"--profiling=false", "--cert-dir="+filepath.Join(n.Dir, "var", "apiserver-certs"))
@@ -516,7 +531,8 @@ failSwapOn: false
 protectKernelDefaults: true
 podLogsDir: %[1]s/pod-logs
 resolvConf: %[1]s/etc/resolv.conf
-clusterDomain: cluster.local
+clusterDomain: %[4]s
+clusterDNS: [%[5]s]
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -531,7 +547,7 @@ fileCheckFrequency: 5s
 # back-off (KEP-4603).
 featureGates: {KubeletCrashLoopBackOffMax: true}
 crashLoopBackOff: {maxContainerRestartPeriod: 1s}
-`, d, IP, p.file("ca.crt"))
+`, d, IP, p.file("ca.crt"), ClusterDomain, DNSServiceIP)
 	if err := os.WriteFile(filepath.Join(d, "etc", "kubelet.yaml"), []byte(conf), 0o644); err != nil {
 		return err
 	}
@@ -641,7 +657,19 @@ func (n *Node) stop(t testing.TB) {
 			t.Logf("kubenode: %s log (last lines):\n%s", c, n.LogTail(c, 25))
 		}
 	}
-	// Pods first, through the kubelet, so that the sandboxes go the way
+	var errs []error
+	// The controllers first: a Deployment's (CoreDNS's, a test's backend)
+	// or a DaemonSet's controller would make each deleted pod again, and
+	// the wait for no containers below would last its whole minute while
+	// containers start again and outlive the node.
+	for i, name := range n.names {
+		if name == "kube-controller-manager" || name == "kube-scheduler" {
+			if err := n.procs[i].Stop(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	// Pods then, through the kubelet, so that the sandboxes go the way
 	// they go on a node.
 	if n.Client != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -658,7 +686,6 @@ func (n *Node) stop(t testing.TB) {
 		cancel()
 	}
 	// Components in reverse order of start.
-	var errs []error
 	for i := len(n.procs) - 1; i >= 0; i-- {
 		if err := n.procs[i].Stop(); err != nil {
 			errs = append(errs, err)

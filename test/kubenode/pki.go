@@ -29,12 +29,16 @@ func (p *pki) file(name string) string { return filepath.Join(p.dir, name) }
 // users are the token file's identities: file name, user, groups. The
 // kubelet is a node (the Node authorizer and NodeRestriction hold it to
 // its pods); the controller manager and scheduler run as masters, as the
-// harness needs none of their own roles' detail.
+// harness needs none of their own roles' detail; kube-proxy has its
+// default role.
 var users = []struct{ file, user, groups string }{
 	{"admin", "egret-node-admin", "system:masters"},
 	{"kubelet", "system:node:" + Name, "system:nodes"},
 	{"controller-manager", "system:kube-controller-manager", "system:masters"},
 	{"scheduler", "system:kube-scheduler", "system:masters"},
+	// kube-proxy as clusters run it: the user the default
+	// system:node-proxier binding names.
+	{"kube-proxy", "system:kube-proxy", "system:node-proxiers"},
 }
 
 func makePKI(dir string) (*pki, error) {

@@ -2,7 +2,7 @@
 
 // Package tools pins the programs test/kubeapi and test/kubenode build:
 // etcd, kube-apiserver, and for a real node kubelet,
-// kube-controller-manager and kube-scheduler. Never compiled (the tools
+// kube-controller-manager, kube-scheduler and kube-proxy. Never compiled (the tools
 // build tag); it only makes `go mod tidy` keep their dependencies.
 package tools
 
@@ -10,6 +10,7 @@ import (
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 )

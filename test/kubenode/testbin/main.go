@@ -11,6 +11,12 @@
 //	testbin get-until-egret URL [NAME: VALUE]...
 //	                                  GET URL plainly until egret answers (60 s at most), then get
 //	testbin probe-once FILE           exit 1 the first time (creating FILE), 0 after
+//	testbin serve [-listen :8080] [-admin :8081]
+//	                                  a backend: 200 "pod NAME" with Served-By: NAME (the pod's
+//	                                  hostname) to everything; on -admin, /fail?status=503 makes it
+//	                                  answer that status to everything, /heal 200 again
+//	testbin spread -n 300 URL         N GETs, each on a new connection (and a new DNS lookup);
+//	                                  prints JSON: answers by Served-By, by status, errors
 package main
 
 import (
@@ -46,6 +52,10 @@ func main() {
 		os.Exit(getUntilEgret(os.Args[2:]))
 	case "loop":
 		loop(os.Args[2:])
+	case "serve":
+		serve(os.Args[2:])
+	case "spread":
+		os.Exit(spread(os.Args[2:]))
 	case "probe-once":
 		if len(os.Args) != 3 {
 			os.Exit(2)
@@ -264,4 +274,99 @@ func getUntilEgret(args []string) int {
 		}
 		time.Sleep(100 * time.Millisecond) // pacing, not synchronisation: the agent is not ours to wait on
 	}
+}
+
+// serve is a backend that says which pod answered.
+func serve(args []string) {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	listen := fs.String("listen", ":8080", "where requests are answered")
+	admin := fs.String("admin", ":8081", "where /fail and /heal are served")
+	_ = fs.Parse(args)
+	name, _ := os.Hostname()
+	var mu sync.Mutex
+	status := http.StatusOK
+	am := http.NewServeMux()
+	am.HandleFunc("/fail", func(w http.ResponseWriter, r *http.Request) {
+		code, err := strconv.Atoi(r.URL.Query().Get("status"))
+		if err != nil || code < 200 || code > 599 {
+			http.Error(w, "status=NNN", http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		status = code
+		mu.Unlock()
+	})
+	am.HandleFunc("/heal", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		status = http.StatusOK
+		mu.Unlock()
+	})
+	go func() { fmt.Fprintln(os.Stderr, http.ListenAndServe(*admin, am)); os.Exit(1) }()
+	srv := &http.Server{Addr: *listen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		code := status
+		mu.Unlock()
+		w.Header().Set("Served-By", name)
+		w.WriteHeader(code)
+		fmt.Fprintf(w, "pod %s\n", name)
+	})}
+	// SIGTERM (a rollout): stop taking connections, finish those in
+	// flight, as a well-behaved server does.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-sig
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		os.Exit(0)
+	}()
+	fmt.Fprintln(os.Stderr, srv.ListenAndServe())
+	os.Exit(1)
+}
+
+// SpreadResult is what spread prints.
+type SpreadResult struct {
+	Requests int            `json:"requests"`
+	ByPod    map[string]int `json:"by_pod"`
+	ByStatus map[string]int `json:"by_status"`
+	// ViaEgret counts answers with Egret-Attempts (through egret).
+	ViaEgret int      `json:"via_egret"`
+	Errors   int      `json:"errors"`
+	Samples  []string `json:"error_samples"`
+}
+
+// spread sends N GETs to URL one after another, each on a new connection
+// with a new name lookup, and counts who answered.
+func spread(args []string) int {
+	fs := flag.NewFlagSet("spread", flag.ContinueOnError)
+	n := fs.Int("n", 300, "requests")
+	timeout := fs.Duration("timeout", 10*time.Second, "per request")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: testbin spread [-n N] URL")
+		return 2
+	}
+	res := SpreadResult{ByPod: map[string]int{}, ByStatus: map[string]int{}}
+	c := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := 0; i < *n; i++ {
+		res.Requests++
+		resp, err := c.Get(fs.Arg(0))
+		if err != nil {
+			res.Errors++
+			if len(res.Samples) < 10 {
+				res.Samples = append(res.Samples, err.Error())
+			}
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		res.ByStatus[strconv.Itoa(resp.StatusCode)]++
+		res.ByPod[resp.Header.Get("Served-By")]++
+		if resp.Header.Get("Egret-Attempts") != "" {
+			res.ViaEgret++
+		}
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(res)
+	return 0
 }

@@ -1,6 +1,7 @@
 // Command kubetools builds the Kubernetes programs the tests run (etcd,
-// kube-apiserver, kubelet, kube-controller-manager, kube-scheduler) from
-// test/kubeapi/tools, once per machine, and prints where they are. The
+// kube-apiserver, kubelet, kube-controller-manager, kube-scheduler,
+// kube-proxy) from test/kubeapi/tools and CoreDNS from test/kubeapi/coredns,
+// once per machine, and prints where they are. The
 // tests build them on first use anyway; .ci/run calls this first so that a
 // cold build (tens of minutes on 2 cores) shows its progress and is not
 // counted in a test's timeout.
