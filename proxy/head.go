@@ -159,6 +159,13 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 		return nil, nil, requestError(err)
 	}
 	method, uri := rl.Method, rl.Target
+	// The asterisk form names the server itself, only for OPTIONS (RFC
+	// 9112 section 3.2.4): net/http takes "GET *", and an upstream that
+	// reads it as a path and one that refuses it would disagree. (Another
+	// version, the HTTP/2 preface's PRI * HTTP/2.0 too, is a 505 below.)
+	if uri == "*" && method != http.MethodOptions && rl.Major == 1 {
+		return nil, nil, fmt.Errorf("%w: request target * is only for OPTIONS", ErrBadRequest)
+	}
 	// CONNECT names an authority (host:port), or a path as net/rpc does.
 	rawURL := uri
 	authority := method == http.MethodConnect && !strings.HasPrefix(uri, "/")

@@ -50,6 +50,14 @@ func parseHeadStd(head []byte) (*http.Request, error) {
 			return nil, fmt.Errorf("%w: obsolete line folding", ErrBadRequest)
 		}
 	}
+	// The proxy refuses the asterisk form but for OPTIONS (RFC 9112
+	// section 3.2.4), which net/http takes with any method.
+	if line, _, _ := bytes.Cut(head, []byte("\n")); true {
+		parts := strings.Split(strings.TrimSuffix(string(line), "\r"), " ")
+		if major, _, vok := http.ParseHTTPVersion(parts[len(parts)-1]); len(parts) == 3 && vok && major == 1 && parts[1] == "*" && parts[0] != http.MethodOptions {
+			return nil, fmt.Errorf("%w: request target * is only for OPTIONS", ErrBadRequest)
+		}
+	}
 	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "unsupported transfer encoding") {
@@ -145,6 +153,8 @@ var headCases = []struct {
 	{"absolute form", "GET http://example.com:8080/a/b?q=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: t\r\nAccept: */*\r\n\r\n", 200},
 	{"origin form", "GET /a%20b?x=%zz HTTP/1.1\r\nHost: h\r\n\r\n", 200},
 	{"asterisk", "OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", 200},
+	{"asterisk but for OPTIONS", "GET * HTTP/1.1\r\nHost: h\r\n\r\n", 400},
+	{"asterisk, POST", "POST * HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\n", 400},
 	{"absolute form wins over Host", "GET http://a.example/ HTTP/1.1\r\nHost: b.example\r\n\r\n", 200},
 	{"no Host", "GET /x HTTP/1.1\r\n\r\n", 200},
 	{"two Hosts", "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400},
