@@ -323,6 +323,7 @@ type loopStats struct {
 	} `json:"direct_runs"`
 	LastEgret time.Time  `json:"last_egret"`
 	Posts     *loopPosts `json:"posts"`
+	SlowestMS float64    `json:"slowest_ms"`
 }
 
 // loopPosts are testbin loop -post's POST answers.
@@ -331,6 +332,8 @@ type loopPosts struct {
 	Answers  map[string]int    `json:"answers"`
 	ByID     map[string]string `json:"by_id"`
 	Errors   []string          `json:"errors"`
+	// SlowestMS: the longest POST in ms.
+	SlowestMS float64 `json:"slowest_ms"`
 }
 
 func (c *cluster) loop(t testing.TB, podIP, what string) loopStats {

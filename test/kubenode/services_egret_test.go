@@ -254,9 +254,9 @@ func (s *service) rolloutBoth(t *testing.T, prefix string) {
 		st  loopStats
 		p   postReport
 	}{{"through egret", se, pe}, {"without egret", sd, pd}} {
-		t.Logf("%s (%s backends): GETs %d (via egret %d): %d failed connects, %d failed requests, %d hung, %d not 200; POSTs %d: answers %v, executed of each %v, run twice %d, untrue %d; errors %q %q",
-			x.who, prefix, x.st.Requests, x.st.ViaEgret, x.st.FailedConnects, x.st.FailedRequests, x.st.Hung, x.st.BadStatus,
-			x.p.Requests, x.p.Answers, x.p.Executed, len(x.p.Twice), len(x.p.Untrue), x.st.Errors, x.p.Errors)
+		t.Logf("%s (%s backends): GETs %d (via egret %d): %d failed connects, %d failed requests, %d hung, %d not 200, slowest %.0f ms; POSTs %d: answers %v, executed of each %v, run twice %d, untrue %d, slowest %.0f ms; errors %q %q",
+			x.who, prefix, x.st.Requests, x.st.ViaEgret, x.st.FailedConnects, x.st.FailedRequests, x.st.Hung, x.st.BadStatus, x.st.SlowestMS,
+			x.p.Requests, x.p.Answers, x.p.Executed, len(x.p.Twice), len(x.p.Untrue), x.p.Slowest, x.st.Errors, x.p.Errors)
 	}
 	if se.Requests < 50 || pe.Requests < 50 {
 		t.Errorf("through egret: %d GETs and %d POSTs during the rollout, want at least 50 of each", se.Requests, pe.Requests)
@@ -312,6 +312,7 @@ type postReport struct {
 	// not-sent: it did not run; ambiguous: either).
 	Twice, Untrue []string
 	Errors        []string
+	Slowest       float64 // ms
 }
 
 func checkPosts(p *loopPosts, exec map[string]int) postReport {
@@ -319,7 +320,7 @@ func checkPosts(p *loopPosts, exec map[string]int) postReport {
 	if p == nil {
 		return r
 	}
-	r.Requests, r.Errors = p.Requests, p.Errors
+	r.Requests, r.Errors, r.Slowest = p.Requests, p.Errors, p.SlowestMS
 	ids := make([]string, 0, len(p.ByID))
 	for id := range p.ByID {
 		ids = append(ids, id)

@@ -157,6 +157,8 @@ type Stats struct {
 	DirectRuns []Run     `json:"direct_runs"`
 	Errors     []string  `json:"errors"`
 	LastEgret  time.Time `json:"last_egret"`
+	// SlowestMS is the longest request, answered or not, in ms.
+	SlowestMS float64 `json:"slowest_ms"`
 	// Posts are the POSTs' answers (-post); the counts above are then
 	// the GETs'.
 	Posts *Posts `json:"posts,omitempty"`
@@ -173,6 +175,8 @@ type Posts struct {
 	ByID map[string]string `json:"by_id"`
 	// Errors are the first transport errors.
 	Errors []string `json:"errors"`
+	// SlowestMS is the longest POST, answered or not, in ms.
+	SlowestMS float64 `json:"slowest_ms"`
 }
 
 func newPosts() *Posts { return &Posts{Answers: map[string]int{}, ByID: map[string]string{}} }
@@ -237,6 +241,7 @@ func loop(args []string) {
 			id := host + "-" + strconv.Itoa(n)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, *url, strings.NewReader("post "+id))
 			req.Header.Set("Exec-Id", id)
+			sent := time.Now()
 			resp, err := client.Do(req)
 			answer := "error"
 			if err == nil {
@@ -252,6 +257,7 @@ func loop(args []string) {
 			p.Requests++
 			p.Answers[answer]++
 			p.ByID[id] = answer
+			p.SlowestMS = max(p.SlowestMS, float64(time.Since(sent).Microseconds())/1000)
 			if err != nil && len(p.Errors) < 20 {
 				p.Errors = append(p.Errors, time.Now().Format(time.RFC3339Nano)+" "+id+" "+err.Error())
 			}
@@ -262,10 +268,12 @@ func loop(args []string) {
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, *url, nil)
 		req.Header.Set("Ledger-Id", "loop-"+strconv.Itoa(os.Getpid())+"-"+strconv.Itoa(n))
+		sent := time.Now()
 		resp, err := client.Do(req)
 		now := time.Now()
 		mu.Lock()
 		st.Requests++
+		st.SlowestMS = max(st.SlowestMS, float64(now.Sub(sent).Microseconds())/1000)
 		switch {
 		case err != nil:
 			var op *net.OpError
