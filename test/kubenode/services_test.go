@@ -113,9 +113,11 @@ func TestServices(t *testing.T) {
 	t.Run("RolloutRestart", func(t *testing.T) {
 		t.Run("Graceful", func(t *testing.T) { svc.rolloutBoth(t, "graceful") })
 		t.Run("Abrupt", func(t *testing.T) {
-			// Every replica exits at SIGTERM, resetting its connections.
+			// Every replica exits at SIGTERM, resetting its connections;
+			// a POST is answered 100 ms after it ran, so that a POST is
+			// often in flight when its replica dies.
 			for _, p := range svc.pods(t) {
-				svc.admin(t, p, "/abrupt")
+				svc.admin(t, p, "/abrupt?post-delay=100ms")
 			}
 			svc.rolloutBoth(t, "abrupt")
 		})

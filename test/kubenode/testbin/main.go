@@ -17,7 +17,7 @@
 //	                                  a backend: 200 "pod NAME" with Served-By: NAME (the pod's
 //	                                  hostname) to everything; on -admin, /fail?status=503 makes it
 //	                                  answer that status to everything, /heal 200 again, /abrupt
-//	                                  sets -abrupt. -record: a request with an Exec-Id header is
+//	                                  sets -abrupt (?post-delay=D sets that too). -record: a request with an Exec-Id header is
 //	                                  executed by appending the id to DIR/NAME, before it is
 //	                                  answered (after -post-delay for a POST). SIGTERM: stop
 //	                                  accepting, finish what is in flight; with -abrupt exit at
@@ -358,6 +358,8 @@ func serve(args []string) {
 	name, _ := os.Hostname()
 	var abrupt atomic.Bool
 	abrupt.Store(*abruptFlag)
+	var delay atomic.Int64
+	delay.Store(int64(*postDelay))
 	var ledger *os.File
 	if *record != "" {
 		f, err := os.OpenFile(filepath.Join(*record, name), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
@@ -386,7 +388,17 @@ func serve(args []string) {
 		status = http.StatusOK
 		mu.Unlock()
 	})
-	am.HandleFunc("/abrupt", func(w http.ResponseWriter, r *http.Request) { abrupt.Store(true) })
+	am.HandleFunc("/abrupt", func(w http.ResponseWriter, r *http.Request) {
+		if v := r.URL.Query().Get("post-delay"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			delay.Store(int64(d))
+		}
+		abrupt.Store(true)
+	})
 	go func() { fmt.Fprintln(os.Stderr, http.ListenAndServe(*admin, am)); os.Exit(1) }()
 	srv := &http.Server{Addr: *listen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -400,8 +412,8 @@ func serve(args []string) {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			if r.Method == http.MethodPost && *postDelay > 0 {
-				time.Sleep(*postDelay) // the work after the effect: a window to be cut in
+			if d := time.Duration(delay.Load()); r.Method == http.MethodPost && d > 0 {
+				time.Sleep(d) // the work after the effect: a window to be cut in
 			}
 		}
 		mu.Lock()
