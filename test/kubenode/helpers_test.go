@@ -321,7 +321,19 @@ type loopStats struct {
 		Requests int     `json:"requests"`
 		GapMS    float64 `json:"gap_ms"`
 	} `json:"direct_runs"`
-	LastEgret time.Time `json:"last_egret"`
+	LastEgret time.Time  `json:"last_egret"`
+	Posts     *loopPosts `json:"posts"`
+	SlowestMS float64    `json:"slowest_ms"`
+}
+
+// loopPosts are testbin loop -post's POST answers.
+type loopPosts struct {
+	Requests int               `json:"requests"`
+	Answers  map[string]int    `json:"answers"`
+	ByID     map[string]string `json:"by_id"`
+	Errors   []string          `json:"errors"`
+	// SlowestMS: the longest POST in ms.
+	SlowestMS float64 `json:"slowest_ms"`
 }
 
 func (c *cluster) loop(t testing.TB, podIP, what string) loopStats {

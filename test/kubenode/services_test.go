@@ -3,6 +3,7 @@ package kubenode_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -20,9 +21,9 @@ import (
 // TestServices: the node's Service path as workloads use it. A 3-replica
 // backend Deployment behind a ClusterIP Service; client pods call it by
 // its cluster DNS name (CoreDNS behind kube-dns, kube-proxy in iptables
-// mode). These are the figures for a client without egret (kube-proxy
-// alone); the same steps with an opted-in client (svc.client(t, name,
-// optIn) once egret is installed with c.installEgret) give egret's.
+// mode). One node serves both sides: first a client without egret
+// (kube-proxy alone), then egret installed from deploy/kubernetes and
+// opted-in clients beside clients that are not.
 func TestServices(t *testing.T) {
 	start := time.Now()
 	n := kubenode.Start(t)
@@ -43,6 +44,7 @@ func TestServices(t *testing.T) {
 			t.Fatalf("%d answers came through egret: the client is not opted in", r.ViaEgret)
 		}
 	})
+	without503 := map[string]int{}
 	t.Run("OneReplica503WithoutEgret", func(t *testing.T) {
 		client := svc.client(t, "client")
 		bad := svc.fail(t, 0, 503)
@@ -58,18 +60,69 @@ func TestServices(t *testing.T) {
 		// a third to the failing replica and nothing retries.
 		t.Logf("without egret, one replica of 3 answering 503: %d of 60 GETs got 200 (%d got 503 from %s)",
 			r.ByStatus["200"], r.ByStatus["503"], bad)
+		without503["200"] = r.ByStatus["200"]
 		if r.ByStatus["503"] == 0 {
 			t.Fatalf("no GET reached the failing replica %s: %+v", bad, r)
 		}
 	})
-	t.Run("RolloutRestartWithoutEgret", func(t *testing.T) {
-		s := svc.rollout(t, "loop")
-		t.Logf("without egret, kubectl rollout restart under a GET every 20 ms on a new connection: %d requests, %d failed connects, %d failed requests, %d hung, %d not 200; errors %q",
-			s.Requests, s.FailedConnects, s.FailedRequests, s.Hung, s.BadStatus, s.Errors)
-		if s.Requests < 50 {
-			t.Fatalf("the client sent %d requests during the rollout: %+v", s.Requests, s)
+
+	c.installEgret(t)
+	svc.egretClients(t, "egret-a", "egret-b", "egret-c")
+	t.Run("SpreadThroughEgret", func(t *testing.T) {
+		r := svc.spread(t, "egret-a", 300)
+		svc.requireSpread(t, r, 300)
+		if r.ViaEgret != 300 {
+			t.Fatalf("%d of 300 answers came through egret (Egret-Attempts): %+v", r.ViaEgret, r)
 		}
 	})
+	t.Run("SpreadThroughEgretSeveralClients", func(t *testing.T) {
+		// 3 opted-in clients × 100 GETs at once: egret's choice is per
+		// request across the node's clients, not per client.
+		r := svc.spreadAtOnce(t, 100, "egret-a", "egret-b", "egret-c")
+		svc.requireSpread(t, r, 300)
+		if r.ViaEgret != 300 {
+			t.Fatalf("%d of 300 answers came through egret: %+v", r.ViaEgret, r)
+		}
+	})
+	t.Run("OneReplica503ThroughEgret", func(t *testing.T) {
+		// Whichever replica it is: each of the three in turn.
+		for i := 0; i < svc.replicas; i++ {
+			bad := svc.fail(t, i, 503)
+			r := svc.spread(t, "egret-a", 60)
+			svc.heal(t, bad)
+			if r.Requests != 60 || r.Errors != 0 || r.ByStatus["200"] != 60 || r.ViaEgret != 60 {
+				t.Errorf("replica %s answering 503: want 60 of 60 GETs answered 200 through egret, got %+v", bad, r)
+			}
+			if r.ByPod[bad] != 0 {
+				t.Errorf("%d answers came from the failing replica %s: %+v", r.ByPod[bad], bad, r)
+			}
+			retried := 0
+			for a, k := range r.ByAttempts {
+				if a != "1" {
+					retried += k
+				}
+			}
+			if retried == 0 {
+				t.Errorf("no GET needed a second attempt: the failing replica %s was never chosen (%+v)", bad, r)
+			}
+			t.Logf("through egret, replica %s (%d of 3) answering 503: %d of 60 GETs got 200, %d of them after a retry (by attempts %v); without egret: %d of 60",
+				bad, i+1, r.ByStatus["200"], retried, r.ByAttempts, without503["200"])
+		}
+	})
+	t.Run("EndpointLeftIsNotReused", func(t *testing.T) { svc.testEndpointLeft(t, "egret-a") })
+	t.Run("RolloutRestart", func(t *testing.T) {
+		t.Run("Graceful", func(t *testing.T) { svc.rolloutBoth(t, "graceful") })
+		t.Run("Abrupt", func(t *testing.T) {
+			// Every replica exits at SIGTERM, resetting its connections;
+			// a POST is answered 100 ms after it ran, so that a POST is
+			// often in flight when its replica dies.
+			for _, p := range svc.pods(t) {
+				svc.admin(t, p, "/abrupt?post-delay=100ms")
+			}
+			svc.rolloutBoth(t, "abrupt")
+		})
+	})
+	t.Run("MetricsBounded", func(t *testing.T) { svc.testMetricsBounded(t) })
 	t.Logf("TestServices took %v", time.Since(start).Round(time.Millisecond))
 }
 
@@ -80,6 +133,8 @@ type service struct {
 	name     string
 	replicas int
 	url      string
+	// seen are the addresses of every replica listed so far.
+	seen map[string]bool
 }
 
 // newBackend creates the Deployment and the Service and waits until every
@@ -89,6 +144,12 @@ func (c *cluster) newBackend(t testing.TB, name string, replicas int) *service {
 	n := int32(replicas)
 	grace := int64(5)
 	labels := map[string]string{"app": name}
+	// Where the replicas record their executions (testbin serve -record):
+	// a directory of the node's, so that a replica's record outlives it.
+	if err := os.MkdirAll(c.execDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dirType := corev1.HostPathDirectory
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ns},
 		Spec: appsv1.DeploymentSpec{
@@ -98,10 +159,15 @@ func (c *cluster) newBackend(t testing.TB, name string, replicas int) *service {
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{
 					TerminationGracePeriodSeconds: &grace,
+					Volumes: []corev1.Volume{{Name: "exec", VolumeSource: corev1.VolumeSource{
+						HostPath: &corev1.HostPathVolumeSource{Path: c.execDir(), Type: &dirType}}}},
 					Containers: []corev1.Container{{
 						Name: "c", Image: kubenode.ToolsImage, ImagePullPolicy: corev1.PullNever,
-						Command: []string{"/testbin", "serve", "-listen", ":8080", "-admin", ":8081"},
-						Ports:   []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+						// A POST is answered 10 ms after it ran: a stop
+						// can fall between the effect and the answer.
+						Command:      []string{"/testbin", "serve", "-listen", ":8080", "-admin", ":8081", "-record", "/exec", "-post-delay", "10ms"},
+						VolumeMounts: []corev1.VolumeMount{{Name: "exec", MountPath: "/exec"}},
+						Ports:        []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
 						ReadinessProbe: &corev1.Probe{
 							ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt(8080)}},
 							PeriodSeconds: 1,
@@ -124,7 +190,7 @@ func (c *cluster) newBackend(t testing.TB, name string, replicas int) *service {
 	if _, err := c.n.Client.CoreV1().Services(c.ns).Create(c.ctx(), s, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	svc := &service{c: c, name: name, replicas: replicas, url: "http://" + kubenode.ServiceHost(c.ns, name) + "/"}
+	svc := &service{c: c, name: name, replicas: replicas, url: "http://" + kubenode.ServiceHost(c.ns, name) + "/", seen: map[string]bool{}}
 	svc.waitReady(t, 3*time.Minute)
 	return svc
 }
@@ -176,8 +242,10 @@ type spreadResult struct {
 	ByPod    map[string]int `json:"by_pod"`
 	ByStatus map[string]int `json:"by_status"`
 	ViaEgret int            `json:"via_egret"`
-	Errors   int            `json:"errors"`
-	Samples  []string       `json:"error_samples"`
+	// ByAttempts counts the answers through egret by Egret-Attempts.
+	ByAttempts map[string]int `json:"by_attempts"`
+	Errors     int            `json:"errors"`
+	Samples    []string       `json:"error_samples"`
 }
 
 // spread sends n GETs from the client pod to the Service's name, each on
@@ -222,6 +290,9 @@ func (s *service) pods(t testing.TB) []string {
 	}
 	var out []string
 	for _, p := range list.Items {
+		if p.Status.PodIP != "" {
+			s.seen[p.Status.PodIP] = true
+		}
 		if p.DeletionTimestamp == nil && kubenode.PodReady(&p) {
 			out = append(out, p.Name)
 		}
@@ -260,52 +331,6 @@ func (s *service) admin(t testing.TB, pod, path string) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%s %s: %s", pod, path, resp.Status)
 	}
-}
-
-// rollout runs a client pod (opts: optIn) that GETs the Service every
-// 20 ms on a new connection (testbin loop), restarts the backend with
-// kubectl rollout restart, waits for the rollout and for kube-proxy to
-// have the new replicas only, lets the client go on for a second and
-// returns its counts for the whole time.
-func (s *service) rollout(t testing.TB, name string, opts ...podOpt) loopStats {
-	t.Helper()
-	// Ready once its /stats listener is up.
-	probe := func(p *corev1.Pod) {
-		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt(8080)}},
-			PeriodSeconds: 1,
-		}
-	}
-	s.c.newPod(t, name, []string{"loop", "-url", s.url, "-listen", ":8080", "-interval", "20ms"}, append(opts, probe)...)
-	t.Cleanup(func() { s.c.deletePod(t, name) })
-	p := s.c.n.WaitPod(t, s.c.ns, name, 2*time.Minute, "Ready", kubenode.PodReady)
-	// The client's first GETs (before it is Ready) are not the rollout's.
-	s.c.loop(t, p.Status.PodIP, "reset")
-	before := s.pods(t)
-	start := time.Now()
-	s.c.n.Kubectl(t, "rollout", "restart", "-n", s.c.ns, "deployment/"+s.name)
-	s.waitReady(t, 3*time.Minute)
-	// Polls until none of the old replicas is left in the API (their
-	// graceful stop has no event here), then a second more of GETs.
-	waitFor(t, time.Minute, "the old replicas gone", func() bool {
-		list, err := s.c.n.Client.CoreV1().Pods(s.c.ns).List(s.c.ctx(), metav1.ListOptions{LabelSelector: "app=" + s.name})
-		if err != nil {
-			return false
-		}
-		for _, q := range list.Items {
-			for _, b := range before {
-				if q.Name == b {
-					return false
-				}
-			}
-		}
-		return true
-	})
-	time.Sleep(time.Second) // traffic after the rollout, not synchronisation
-	st := s.c.loop(t, p.Status.PodIP, "stats")
-	t.Logf("rollout restart of %s: %v from the command to the old replicas gone; replicas %v -> %v",
-		s.name, time.Since(start).Round(time.Millisecond), before, s.pods(t))
-	return st
 }
 
 // installEgret imports egret's image and installs deploy/kubernetes as a

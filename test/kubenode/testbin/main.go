@@ -5,16 +5,23 @@
 //	testbin pause                     sleep until SIGTERM/SIGINT, reaping children
 //	testbin get [-X METHOD] [-d BODY] URL [NAME: VALUE]...
 //	                                  one request; prints the status line, the headers and the body
-//	testbin loop -url URL [-listen :8080] [-interval 20ms] [-timeout 5s]
+//	testbin loop -url URL [-listen :8080] [-interval 20ms] [-timeout 5s] [-post]
 //	                                  a new connection per request, forever; counts served
-//	                                  at /stats (JSON) and zeroed by /reset
+//	                                  at /stats (JSON) and zeroed by /reset; -post: every other
+//	                                  request is a POST with a unique Exec-Id, whose answers
+//	                                  (status, Egret-Outcome) are in /stats' "posts"
 //	testbin get-until-egret URL [NAME: VALUE]...
 //	                                  GET URL plainly until egret answers (60 s at most), then get
 //	testbin probe-once FILE           exit 1 the first time (creating FILE), 0 after
-//	testbin serve [-listen :8080] [-admin :8081]
+//	testbin serve [-listen :8080] [-admin :8081] [-record DIR] [-post-delay D] [-abrupt]
 //	                                  a backend: 200 "pod NAME" with Served-By: NAME (the pod's
 //	                                  hostname) to everything; on -admin, /fail?status=503 makes it
-//	                                  answer that status to everything, /heal 200 again
+//	                                  answer that status to everything, /heal 200 again, /abrupt
+//	                                  sets -abrupt (?post-delay=D sets that too). -record: a request with an Exec-Id header is
+//	                                  executed by appending the id to DIR/NAME, before it is
+//	                                  answered (after -post-delay for a POST). SIGTERM: stop
+//	                                  accepting, finish what is in flight; with -abrupt exit at
+//	                                  once, every connection reset
 //	testbin spread -n 300 URL         N GETs, each on a new connection (and a new DNS lookup);
 //	                                  prints JSON: answers by Served-By, by status, errors
 package main
@@ -30,10 +37,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -148,7 +157,29 @@ type Stats struct {
 	DirectRuns []Run     `json:"direct_runs"`
 	Errors     []string  `json:"errors"`
 	LastEgret  time.Time `json:"last_egret"`
+	// SlowestMS is the longest request, answered or not, in ms.
+	SlowestMS float64 `json:"slowest_ms"`
+	// Posts are the POSTs' answers (-post); the counts above are then
+	// the GETs'.
+	Posts *Posts `json:"posts,omitempty"`
 }
+
+// Posts are the answers to loop's POSTs.
+type Posts struct {
+	Requests int `json:"requests"`
+	// Answers counts them by answer: the status, with egret's
+	// Egret-Outcome after it when there is one ("502 ambiguous"), or
+	// "error" when no answer came.
+	Answers map[string]int `json:"answers"`
+	// ByID is each POST's answer, by its Exec-Id.
+	ByID map[string]string `json:"by_id"`
+	// Errors are the first transport errors.
+	Errors []string `json:"errors"`
+	// SlowestMS is the longest POST, answered or not, in ms.
+	SlowestMS float64 `json:"slowest_ms"`
+}
+
+func newPosts() *Posts { return &Posts{Answers: map[string]int{}, ByID: map[string]string{}} }
 
 // Run is one stretch of direct answers.
 type Run struct {
@@ -166,9 +197,14 @@ func loop(args []string) {
 	listen := fs.String("listen", ":8080", "where /stats and /reset are served")
 	interval := fs.Duration("interval", 20*time.Millisecond, "pause between requests")
 	timeout := fs.Duration("timeout", 5*time.Second, "a request longer than this is hung")
+	post := fs.Bool("post", false, "every other request is a POST with a unique Exec-Id")
 	_ = fs.Parse(args)
 	var mu sync.Mutex
 	st := Stats{Since: time.Now()}
+	if *post {
+		st.Posts = newPosts()
+	}
+	host, _ := os.Hostname()
 	var cur *Run
 	var lastEgret time.Time
 	http.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
@@ -186,6 +222,9 @@ func loop(args []string) {
 		mu.Lock()
 		defer mu.Unlock()
 		st = Stats{Since: time.Now()}
+		if *post {
+			st.Posts = newPosts()
+		}
 		cur = nil
 	})
 	ln, err := net.Listen("tcp", *listen)
@@ -198,12 +237,43 @@ func loop(args []string) {
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	for n := 0; ; n++ {
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		if *post && n%2 == 1 {
+			id := host + "-" + strconv.Itoa(n)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, *url, strings.NewReader("post "+id))
+			req.Header.Set("Exec-Id", id)
+			sent := time.Now()
+			resp, err := client.Do(req)
+			answer := "error"
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				answer = strconv.Itoa(resp.StatusCode)
+				if o := resp.Header.Get("Egret-Outcome"); o != "" {
+					answer += " " + o
+				}
+			}
+			mu.Lock()
+			p := st.Posts
+			p.Requests++
+			p.Answers[answer]++
+			p.ByID[id] = answer
+			p.SlowestMS = max(p.SlowestMS, float64(time.Since(sent).Microseconds())/1000)
+			if err != nil && len(p.Errors) < 20 {
+				p.Errors = append(p.Errors, time.Now().Format(time.RFC3339Nano)+" "+id+" "+err.Error())
+			}
+			mu.Unlock()
+			cancel()
+			time.Sleep(*interval)
+			continue
+		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, *url, nil)
 		req.Header.Set("Ledger-Id", "loop-"+strconv.Itoa(os.Getpid())+"-"+strconv.Itoa(n))
+		sent := time.Now()
 		resp, err := client.Do(req)
 		now := time.Now()
 		mu.Lock()
 		st.Requests++
+		st.SlowestMS = max(st.SlowestMS, float64(now.Sub(sent).Microseconds())/1000)
 		switch {
 		case err != nil:
 			var op *net.OpError
@@ -280,11 +350,28 @@ func getUntilEgret(args []string) int {
 func serve(args []string) {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
 	listen := fs.String("listen", ":8080", "where requests are answered")
-	admin := fs.String("admin", ":8081", "where /fail and /heal are served")
+	admin := fs.String("admin", ":8081", "where /fail, /heal and /abrupt are served")
+	record := fs.String("record", "", "directory: a request with Exec-Id appends the id to DIR/HOSTNAME (its execution)")
+	postDelay := fs.Duration("post-delay", 0, "a POST is answered this long after its execution")
+	abruptFlag := fs.Bool("abrupt", false, "on SIGTERM exit at once, resetting every connection")
 	_ = fs.Parse(args)
 	name, _ := os.Hostname()
+	var abrupt atomic.Bool
+	abrupt.Store(*abruptFlag)
+	var delay atomic.Int64
+	delay.Store(int64(*postDelay))
+	var ledger *os.File
+	if *record != "" {
+		f, err := os.OpenFile(filepath.Join(*record, name), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		ledger = f
+	}
 	var mu sync.Mutex
 	status := http.StatusOK
+	conns := map[net.Conn]struct{}{}
 	am := http.NewServeMux()
 	am.HandleFunc("/fail", func(w http.ResponseWriter, r *http.Request) {
 		code, err := strconv.Atoi(r.URL.Query().Get("status"))
@@ -301,22 +388,68 @@ func serve(args []string) {
 		status = http.StatusOK
 		mu.Unlock()
 	})
+	am.HandleFunc("/abrupt", func(w http.ResponseWriter, r *http.Request) {
+		if v := r.URL.Query().Get("post-delay"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			delay.Store(int64(d))
+		}
+		abrupt.Store(true)
+	})
 	go func() { fmt.Fprintln(os.Stderr, http.ListenAndServe(*admin, am)); os.Exit(1) }()
 	srv := &http.Server{Addr: *listen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if id := r.Header.Get("Exec-Id"); id != "" && ledger != nil {
+			// The execution: one append (one write(2)), before any
+			// byte of the answer.
+			mu.Lock()
+			_, err := ledger.WriteString(id + "\n")
+			mu.Unlock()
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if d := time.Duration(delay.Load()); r.Method == http.MethodPost && d > 0 {
+				time.Sleep(d) // the work after the effect: a window to be cut in
+			}
+		}
 		mu.Lock()
 		code := status
 		mu.Unlock()
 		w.Header().Set("Served-By", name)
 		w.WriteHeader(code)
 		fmt.Fprintf(w, "pod %s\n", name)
-	})}
-	// SIGTERM (a rollout): stop taking connections, finish those in
-	// flight, as a well-behaved server does.
+	}), ConnState: func(c net.Conn, s http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch s {
+		case http.StateNew:
+			conns[c] = struct{}{}
+		case http.StateClosed, http.StateHijacked:
+			delete(conns, c)
+		}
+	}}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-sig
+		if abrupt.Load() {
+			// A process that dies at SIGTERM (or is killed): every
+			// connection, idle or with a request in flight, is reset
+			// (SO_LINGER 0) and so are connects not yet accepted.
+			mu.Lock()
+			for c := range conns {
+				if tc, ok := c.(*net.TCPConn); ok {
+					_ = tc.SetLinger(0)
+				}
+			}
+			os.Exit(1)
+		}
+		// A rollout: stop taking connections, finish those in flight,
+		// as a well-behaved server does.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
@@ -332,9 +465,11 @@ type SpreadResult struct {
 	ByPod    map[string]int `json:"by_pod"`
 	ByStatus map[string]int `json:"by_status"`
 	// ViaEgret counts answers with Egret-Attempts (through egret).
-	ViaEgret int      `json:"via_egret"`
-	Errors   int      `json:"errors"`
-	Samples  []string `json:"error_samples"`
+	ViaEgret int `json:"via_egret"`
+	// ByAttempts counts answers through egret by Egret-Attempts.
+	ByAttempts map[string]int `json:"by_attempts"`
+	Errors     int            `json:"errors"`
+	Samples    []string       `json:"error_samples"`
 }
 
 // spread sends N GETs to URL one after another, each on a new connection
@@ -347,7 +482,7 @@ func spread(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: testbin spread [-n N] URL")
 		return 2
 	}
-	res := SpreadResult{ByPod: map[string]int{}, ByStatus: map[string]int{}}
+	res := SpreadResult{ByPod: map[string]int{}, ByStatus: map[string]int{}, ByAttempts: map[string]int{}}
 	c := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
 	for i := 0; i < *n; i++ {
 		res.Requests++
@@ -363,8 +498,9 @@ func spread(args []string) int {
 		resp.Body.Close()
 		res.ByStatus[strconv.Itoa(resp.StatusCode)]++
 		res.ByPod[resp.Header.Get("Served-By")]++
-		if resp.Header.Get("Egret-Attempts") != "" {
+		if a := resp.Header.Get("Egret-Attempts"); a != "" {
 			res.ViaEgret++
+			res.ByAttempts[a]++
 		}
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(res)
