@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -67,15 +68,20 @@ type rawExclude struct {
 	DefaultPorts *bool    `yaml:"default_ports"`
 }
 
-// FileError is a problem at one line of a pods file. It matches ErrFile.
+// FileError is a problem at one place of a pods file. It matches ErrFile.
 type FileError struct {
-	File string
-	Line int // 0 when the problem is the whole file
-	Msg  string
+	File   string
+	Line   int // 1-based; 0 when the problem is the whole file
+	Column int // 1-based; 0 when unknown (yaml/v3 gives no column for a syntax error)
+	Msg    string
 }
 
+// Error formats as "file:line:column: message", as a policy file's errors.
 func (e *FileError) Error() string {
-	if e.Line > 0 {
+	switch {
+	case e.Line > 0 && e.Column > 0:
+		return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Column, e.Msg)
+	case e.Line > 0:
 		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
 	}
 	return fmt.Sprintf("%s: %s", e.File, e.Msg)
@@ -91,19 +97,22 @@ func Parse(name string, data []byte) ([]Pod, error) {
 	if len(data) > maxFileSize {
 		return nil, &FileError{File: name, Msg: fmt.Sprintf("larger than %d bytes", maxFileSize)}
 	}
+	var doc yaml.Node
+	_ = yaml.Unmarshal(data, &doc)
 	var raw rawFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
-		return nil, yamlErrors(name, err)
+		return nil, yamlErrors(name, err, &doc)
 	}
-	var doc yaml.Node
-	_ = yaml.Unmarshal(data, &doc)
-	lines := podLines(&doc)
+	lines := podNodes(&doc)
 
 	var errs []error
+	// fail reports a problem of pod i at the value of its field (a path
+	// such as "exclude", "cidrs", 0), or at the pod when it has none.
 	fail := func(i int, field, format string, args ...any) {
-		errs = append(errs, &FileError{File: name, Line: lines.of(i, field), Msg: fmt.Sprintf(format, args...)})
+		n := lines.at(i, field)
+		errs = append(errs, &FileError{File: name, Line: n.Line, Column: n.Column, Msg: fmt.Sprintf(format, args...)})
 	}
 	out := make([]Pod, 0, len(raw.Pods))
 	seen := map[string]int{}
@@ -116,7 +125,7 @@ func Parse(name string, data []byte) ([]Pod, error) {
 		} else {
 			what = "pod " + rp.Name
 			if j, dup := seen[rp.Name]; dup {
-				fail(i, "name", "%s: name already used at line %d", what, lines.of(j, "name"))
+				fail(i, "name", "%s: name already used at line %d", what, lines.at(j, "name").Line)
 			}
 			seen[rp.Name] = i
 		}
@@ -133,7 +142,7 @@ func Parse(name string, data []byte) ([]Pod, error) {
 				fail(i, "cgroup", "%s: %v", what, err)
 			} else if j, dup := seenCg[p.Cgroup]; dup {
 				fail(i, "cgroup", "%s: cgroup %s is already pod %s's (line %d): one cgroup per pod",
-					what, p.Cgroup, raw.Pods[j].Name, lines.of(j, "cgroup"))
+					what, p.Cgroup, raw.Pods[j].Name, lines.at(j, "cgroup").Line)
 			} else {
 				seenCg[p.Cgroup] = i
 			}
@@ -151,14 +160,14 @@ func Parse(name string, data []byte) ([]Pod, error) {
 			fail(i, "listen_port", "%s: listen_port %d out of range 1..65535", what, rp.ListenPort)
 		}
 		p.ListenPort = uint16(rp.ListenPort)
-		for _, port := range rp.Exclude.Ports {
+		for k, port := range rp.Exclude.Ports {
 			if port < 1 || port > 65535 {
-				fail(i, "exclude", "%s: excluded port %d out of range 1..65535", what, port)
+				fail(i, fmt.Sprintf("exclude.ports.%d", k), "%s: excluded port %d out of range 1..65535", what, port)
 				continue
 			}
 			p.Exclude.Ports = append(p.Exclude.Ports, uint16(port))
 		}
-		for _, c := range rp.Exclude.CIDRs {
+		for k, c := range rp.Exclude.CIDRs {
 			pfx, err := netip.ParsePrefix(c)
 			if err != nil {
 				if a, aerr := netip.ParseAddr(c); aerr == nil {
@@ -166,7 +175,7 @@ func Parse(name string, data []byte) ([]Pod, error) {
 				}
 			}
 			if err != nil {
-				fail(i, "exclude", "%s: excluded CIDR %q: %v", what, c, err)
+				fail(i, fmt.Sprintf("exclude.cidrs.%d", k), "%s: excluded CIDR %q: %v", what, c, err)
 				continue
 			}
 			p.Exclude.CIDRs = append(p.Exclude.CIDRs, pfx.Masked())
@@ -180,22 +189,22 @@ func Parse(name string, data []byte) ([]Pod, error) {
 		if rp.Learn.TTL != "" {
 			d, err := time.ParseDuration(rp.Learn.TTL)
 			if err != nil || d <= 0 {
-				fail(i, "learn", "%s: learn ttl %q: a positive duration (e.g. 10m)", what, rp.Learn.TTL)
+				fail(i, "learn.ttl", "%s: learn ttl %q: a positive duration (e.g. 10m)", what, rp.Learn.TTL)
 			} else {
 				p.Learn.TTL = d
 			}
 		}
 		if rp.Limits.Connections < 0 {
-			fail(i, "limits", "%s: limits.connections %d is negative", what, rp.Limits.Connections)
+			fail(i, "limits.connections", "%s: limits.connections %d is negative", what, rp.Limits.Connections)
 		}
 		if rp.Limits.InFlight < 0 {
-			fail(i, "limits", "%s: limits.in_flight %d is negative", what, rp.Limits.InFlight)
+			fail(i, "limits.in_flight", "%s: limits.in_flight %d is negative", what, rp.Limits.InFlight)
 		}
 		p.Limits.Conns, p.Limits.InFlight = rp.Limits.Connections, rp.Limits.InFlight
 		if rp.Limits.SpoolBytes != "" {
 			n, err := policy.ParseSize(rp.Limits.SpoolBytes)
 			if err != nil {
-				fail(i, "limits", "%s: limits.spool_bytes: %v", what, err)
+				fail(i, "limits.spool_bytes", "%s: limits.spool_bytes: %v", what, err)
 			}
 			p.Limits.SpoolBytes = n
 		}
@@ -233,29 +242,61 @@ func CheckCgroup(cg string) error {
 	return nil
 }
 
-func yamlErrors(name string, err error) error {
+func yamlErrors(name string, err error, doc *yaml.Node) error {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
 		var errs []error
 		for _, e := range te.Errors {
-			errs = append(errs, lineError(name, e))
+			errs = append(errs, lineError(name, e, doc))
 		}
 		return errors.Join(errs...)
 	}
-	return lineError(name, err.Error())
+	return lineError(name, err.Error(), doc)
 }
 
-func lineError(name, msg string) error {
+// lineError makes a FileError of one yaml/v3 message. yaml/v3 names only
+// the line of a decoding error: the column is the key it names (an
+// unknown field) or the value it quotes (a wrong type), found in doc.
+func lineError(name, msg string, doc *yaml.Node) error {
 	n, msg := yamlerr.Line(msg)
+	col := 0
 	// yaml/v3 names the Go type of an unknown key's mapping: say what the
 	// file may hold there instead.
 	if m := unknownField.FindStringSubmatch(msg); m != nil {
 		msg = fmt.Sprintf("unknown field %q (want one of %s)", m[1], fieldsOf[m[2]])
+		col = columnOf(doc, n, m[1])
+	} else if m := typeValue.FindStringSubmatch(msg); m != nil {
+		col = columnOf(doc, n, m[1])
 	}
-	return &FileError{File: name, Line: n, Msg: msg}
+	return &FileError{File: name, Line: n, Column: col, Msg: msg}
 }
 
-var unknownField = regexp.MustCompile(`^field (\S+) not found in type pods\.(\w+)$`)
+var (
+	unknownField = regexp.MustCompile(`^field (\S+) not found in type pods\.(\w+)$`)
+	// typeValue is the value a type error quotes (yaml/v3 shortens a long
+	// one with "...").
+	typeValue = regexp.MustCompile("^cannot unmarshal !!\\w+ `([^`]*)` into ")
+)
+
+// columnOf is the column of the first scalar on line whose value is v
+// (v may end in "...", a prefix), or 0.
+func columnOf(doc *yaml.Node, line int, v string) int {
+	prefix, short := strings.CutSuffix(v, "...")
+	var walk func(n *yaml.Node) int
+	walk = func(n *yaml.Node) int {
+		if n.Kind == yaml.ScalarNode && n.Line == line &&
+			(n.Value == v || short && strings.HasPrefix(n.Value, prefix)) {
+			return n.Column
+		}
+		for _, c := range n.Content {
+			if col := walk(c); col > 0 {
+				return col
+			}
+		}
+		return 0
+	}
+	return walk(doc)
+}
 
 // fieldsOf lists the keys of each mapping of the file, for errors.
 var fieldsOf = map[string]string{
@@ -274,44 +315,56 @@ func fieldNames(v any) string {
 	return strings.Join(names, ", ")
 }
 
-// lineIndex finds the line of each pod and of its top-level fields.
-type lineIndex []map[string]int
+// podIndex holds each pod's node, to place an error at a field's value.
+type podIndex []*yaml.Node
 
-func (l lineIndex) of(i int, field string) int {
+// at is the node of pod i's field path (keys and list indexes joined by
+// dots, such as "exclude.cidrs.1"): the deepest part of it the file has,
+// else the pod itself. A zero node when there is no pod i.
+func (l podIndex) at(i int, path string) *yaml.Node {
 	if i < 0 || i >= len(l) {
-		return 0
+		return &yaml.Node{}
 	}
-	if n, ok := l[i][field]; ok {
+	n := l[i]
+	if path == "" {
 		return n
 	}
-	return l[i][""]
+	for _, part := range strings.Split(path, ".") {
+		next := child(n, part)
+		if next == nil {
+			break
+		}
+		n = next
+	}
+	return n
 }
 
-func podLines(doc *yaml.Node) lineIndex {
+// child is the value of key k of a mapping, or item k of a sequence.
+func child(n *yaml.Node, k string) *yaml.Node {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for f := 0; f+1 < len(n.Content); f += 2 {
+			if n.Content[f].Value == k {
+				return n.Content[f+1]
+			}
+		}
+	case yaml.SequenceNode:
+		if idx, err := strconv.Atoi(k); err == nil && idx >= 0 && idx < len(n.Content) {
+			return n.Content[idx]
+		}
+	}
+	return nil
+}
+
+func podNodes(doc *yaml.Node) podIndex {
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
 		return nil
 	}
-	top := doc.Content[0]
-	if top.Kind != yaml.MappingNode {
+	pods := child(doc.Content[0], "pods")
+	if pods == nil || pods.Kind != yaml.SequenceNode {
 		return nil
 	}
-	for k := 0; k+1 < len(top.Content); k += 2 {
-		if top.Content[k].Value != "pods" || top.Content[k+1].Kind != yaml.SequenceNode {
-			continue
-		}
-		var idx lineIndex
-		for _, pn := range top.Content[k+1].Content {
-			m := map[string]int{"": pn.Line}
-			if pn.Kind == yaml.MappingNode {
-				for f := 0; f+1 < len(pn.Content); f += 2 {
-					m[pn.Content[f].Value] = pn.Content[f].Line
-				}
-			}
-			idx = append(idx, m)
-		}
-		return idx
-	}
-	return nil
+	return pods.Content
 }
 
 // File is a Source reading a pods file. It checks the file every Interval

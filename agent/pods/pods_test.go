@@ -77,35 +77,39 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// TestParseErrorsNameTheLine: each error names the file, the line and the
+// column (the key yaml/v3 refuses, the value a check refuses, the pod
+// when a field is missing), as a policy file's errors do; a syntax error,
+// which yaml/v3 places by line alone, names the line.
 func TestParseErrorsNameTheLine(t *testing.T) {
 	cases := []struct {
 		name, doc, want string
 	}{
 		{"unknown key", "pods:\n  - name: a\n    cgroup: a\n    colour: red\n",
-			`pods.yaml:4: unknown field "colour" (want one of cgroup, exclude, learn, limits, listen_port, name, netns, policy, redirect_loopback, workload)`},
+			`pods.yaml:4:5: unknown field "colour" (want one of cgroup, exclude, learn, limits, listen_port, name, netns, policy, redirect_loopback, workload)`},
 		{"unknown exclude key", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      port: [1]\n",
-			`pods.yaml:5: unknown field "port" (want one of cidrs, default_ports, ports)`},
-		{"unknown top key", "pod:\n  - name: a\n", `pods.yaml:1: unknown field "pod" (want one of pods)`},
-		{"no cgroup", "pods:\n  - name: a\n  - name: b\n    cgroup: b\n", "pods.yaml:2: pod a: cgroup is required"},
-		{"duplicate", "pods:\n  - name: a\n    cgroup: a\n  - name: a\n    cgroup: b\n", "pods.yaml:4: pod a: name already used at line 2"},
-		{"bad cidr", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      cidrs: [10.0.0.0/33]\n", "pods.yaml:4: pod a: excluded CIDR"},
-		{"bad port", "pods:\n  - name: a\n    cgroup: a\n    listen_port: 70000\n", "pods.yaml:4: pod a: listen_port 70000"},
-		{"bad type", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      ports: [http]\n", "pods.yaml:5:"},
-		{"bad policy", "pods:\n  - name: a\n    cgroup: a\n    policy:\n      defaults:\n        max_attempts: 0\n", "pods.yaml:4: pod a: policy"},
-		{"bad learn ttl", "pods:\n  - name: a\n    cgroup: a\n    learn:\n      ttl: soon\n", "pods.yaml:4: pod a: learn ttl"},
+			`pods.yaml:5:7: unknown field "port" (want one of cidrs, default_ports, ports)`},
+		{"unknown top key", "pod:\n  - name: a\n", `pods.yaml:1:1: unknown field "pod" (want one of pods)`},
+		{"no cgroup", "pods:\n  - name: a\n  - name: b\n    cgroup: b\n", "pods.yaml:2:5: pod a: cgroup is required"},
+		{"duplicate", "pods:\n  - name: a\n    cgroup: a\n  - name: a\n    cgroup: b\n", "pods.yaml:4:11: pod a: name already used at line 2"},
+		{"bad cidr", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      cidrs: [10.0.0.0/33]\n", "pods.yaml:5:15: pod a: excluded CIDR"},
+		{"bad port", "pods:\n  - name: a\n    cgroup: a\n    listen_port: 70000\n", "pods.yaml:4:18: pod a: listen_port 70000"},
+		{"bad type", "pods:\n  - name: a\n    cgroup: a\n    exclude:\n      ports: [http]\n", "pods.yaml:5:15: cannot unmarshal !!str `http`"},
+		{"bad policy", "pods:\n  - name: a\n    cgroup: a\n    policy:\n      defaults:\n        max_attempts: 0\n", "pods.yaml:5:7: pod a: policy"},
+		{"bad learn ttl", "pods:\n  - name: a\n    cgroup: a\n    learn:\n      ttl: soon\n", "pods.yaml:5:12: pod a: learn ttl"},
 		{"syntax", "pods:\n  - name: [\n", "pods.yaml:"},
 		// yaml/v3 says line 1: the list that is broken starts on line 2.
 		{"syntax line", "pods:\n  - name: a\n    cgroup: x\n   netns: host\n", "pods.yaml:2: did not find expected '-' indicator"},
 		// One cgroup per pod: removing one of two entries on a cgroup
 		// detached it while the other still showed running.
 		{"cgroup twice", "pods:\n  - name: a\n    cgroup: x/a\n  - name: b\n    cgroup: " + cgroup2.Root() + "/x/./a\n",
-			"pods.yaml:5: pod b: cgroup " + cgroup2.Root() + "/x/a is already pod a's (line 3): one cgroup per pod"},
+			"pods.yaml:5:13: pod b: cgroup " + cgroup2.Root() + "/x/a is already pod a's (line 3): one cgroup per pod"},
 		// The root, or anything at or above it, would redirect every
 		// process of the node, egret's own included.
-		{"negative limit", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      in_flight: -1\n", "pods.yaml:4: pod a: limits.in_flight -1 is negative"},
-		{"bad spool size", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      spool_bytes: lots\n", "pods.yaml:4: pod a: limits.spool_bytes"},
-		{"cgroup .", "pods:\n  - name: a\n    cgroup: .\n", "pods.yaml:3: pod a: cgroup " + cgroup2.Root() + " is the cgroup v2 root"},
-		{"cgroup root", "pods:\n  - name: a\n    cgroup: " + cgroup2.Root() + "/\n", "pods.yaml:3: pod a: cgroup " + cgroup2.Root() + " is the cgroup v2 root"},
+		{"negative limit", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      in_flight: -1\n", "pods.yaml:5:18: pod a: limits.in_flight -1 is negative"},
+		{"bad spool size", "pods:\n  - name: a\n    cgroup: a\n    limits:\n      spool_bytes: lots\n", "pods.yaml:5:20: pod a: limits.spool_bytes"},
+		{"cgroup .", "pods:\n  - name: a\n    cgroup: .\n", "pods.yaml:3:13: pod a: cgroup " + cgroup2.Root() + " is the cgroup v2 root"},
+		{"cgroup root", "pods:\n  - name: a\n    cgroup: " + cgroup2.Root() + "/\n", "pods.yaml:3:13: pod a: cgroup " + cgroup2.Root() + " is the cgroup v2 root"},
 		{"cgroup above root", "pods:\n  - name: a\n    cgroup: " + filepath.Dir(cgroup2.Root()) + "\n", "is not below the cgroup v2 root"},
 		{"cgroup escapes", "pods:\n  - name: a\n    cgroup: ../../etc\n", "is not below the cgroup v2 root"},
 	}

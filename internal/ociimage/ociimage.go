@@ -1,9 +1,11 @@
 // Package ociimage writes a container image as an OCI image layout archive
-// (a tar of oci-layout, index.json and blobs/sha256/…) with one
-// uncompressed layer, without a registry, a daemon or a base image. The
-// archive is what `ctr images import` and `podman load` take; egret's
-// image for a node without a registry is one static binary in such an
-// archive (deploy/image), and so are the images of test/kubenode.
+// (a tar of oci-layout, index.json and blobs/sha256/…) with one layer,
+// without a registry, a daemon or a base image. The archive is what `ctr
+// images import`, `podman load` and (Docker 25 or later) `docker load`
+// take, and what `skopeo copy oci-archive:…`, `crane push` and `oras cp
+// --from-oci-layout` push to a registry. Write makes a one-platform
+// image (the images of test/kubenode); WriteIndex an image index of
+// several platforms under one name (egret's image, deploy/image).
 //
 // The output is reproducible: the same files give the same bytes (entries
 // sorted, times zero, owner root).
@@ -12,6 +14,7 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -54,13 +57,21 @@ type Image struct {
 	// Labels of the image config (for example
 	// org.opencontainers.image.version).
 	Labels map[string]string
+	// Architecture is the platform's, as GOARCH names it ("amd64",
+	// "arm64"); empty: amd64. The OS is linux.
+	Architecture string
+	// Gzip compresses the layer (tar+gzip), as registries usually hold
+	// them; the config's diff_id stays the digest of the tar.
+	Gzip bool
 }
 
 // Media types of the OCI image spec.
 const (
-	mediaManifest = "application/vnd.oci.image.manifest.v1+json"
-	mediaConfig   = "application/vnd.oci.image.config.v1+json"
-	mediaLayer    = "application/vnd.oci.image.layer.v1.tar"
+	MediaIndex    = "application/vnd.oci.image.index.v1+json"
+	MediaManifest = "application/vnd.oci.image.manifest.v1+json"
+	MediaConfig   = "application/vnd.oci.image.config.v1+json"
+	MediaLayer    = "application/vnd.oci.image.layer.v1.tar"
+	MediaLayerGz  = "application/vnd.oci.image.layer.v1.tar+gzip"
 )
 
 type descriptor struct {
@@ -79,19 +90,107 @@ type platform struct {
 // Write writes img's archive to w and returns the manifest's digest
 // ("sha256:…").
 func Write(w io.Writer, img Image) (string, error) {
-	if img.Name == "" || !strings.Contains(img.Name, ":") {
-		return "", fmt.Errorf("%w: name %q needs a tag (name:tag)", ErrImage, img.Name)
+	if err := checkName(img.Name); err != nil {
+		return "", err
+	}
+	m, err := manifestOf(img)
+	if err != nil {
+		return "", err
+	}
+	top := m.desc
+	top.Annotations = nameAnnotations(img.Name)
+	index, err := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": []descriptor{top}})
+	if err != nil {
+		return "", err
+	}
+	return top.Digest, writeLayout(w, index, m.blobs)
+}
+
+// WriteIndex writes one image of several platforms to w: an image index
+// named name whose manifests are those of imgs (their Names are not used;
+// one per architecture). It returns the index's digest, the one a
+// registry gives the pushed image.
+func WriteIndex(w io.Writer, name string, imgs []Image) (string, error) {
+	if err := checkName(name); err != nil {
+		return "", err
+	}
+	if len(imgs) == 0 {
+		return "", fmt.Errorf("%w: an index of no image", ErrImage)
+	}
+	seen := map[string]bool{}
+	var descs []descriptor
+	var blobs [][]byte
+	for _, img := range imgs {
+		m, err := manifestOf(img)
+		if err != nil {
+			return "", err
+		}
+		if seen[m.desc.Platform.Architecture] {
+			return "", fmt.Errorf("%w: architecture %s given twice", ErrImage, m.desc.Platform.Architecture)
+		}
+		seen[m.desc.Platform.Architecture] = true
+		descs = append(descs, m.desc)
+		blobs = append(blobs, m.blobs...)
+	}
+	inner, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": MediaIndex, "manifests": descs})
+	if err != nil {
+		return "", err
+	}
+	blobs = append(blobs, inner)
+	top := descriptor{MediaType: MediaIndex, Digest: digest(inner), Size: int64(len(inner)), Annotations: nameAnnotations(name)}
+	index, err := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": []descriptor{top}})
+	if err != nil {
+		return "", err
+	}
+	return top.Digest, writeLayout(w, index, blobs)
+}
+
+func checkName(name string) error {
+	if name == "" || !strings.Contains(name, ":") || strings.LastIndex(name, ":") < strings.LastIndex(name, "/") {
+		return fmt.Errorf("%w: name %q needs a tag (name:tag)", ErrImage, name)
+	}
+	return nil
+}
+
+// nameAnnotations name the layout's image: containerd's full reference,
+// and the OCI layout's tag (what skopeo's oci-archive:FILE:TAG takes).
+func nameAnnotations(name string) map[string]string {
+	return map[string]string{
+		"io.containerd.image.name":          name,
+		"org.opencontainers.image.ref.name": name[strings.LastIndex(name, ":")+1:],
+	}
+}
+
+// manifest is one platform's manifest: its descriptor and its blobs
+// (config, layer, manifest).
+type manifest struct {
+	desc  descriptor
+	blobs [][]byte
+}
+
+func manifestOf(img Image) (manifest, error) {
+	arch := img.Architecture
+	if arch == "" {
+		arch = "amd64"
 	}
 	layer, err := layerTar(img.Files)
 	if err != nil {
-		return "", err
+		return manifest{}, err
+	}
+	diffID := digest(layer)
+	media := MediaLayer
+	if img.Gzip {
+		if layer, err = gzipped(layer); err != nil {
+			return manifest{}, err
+		}
+		media = MediaLayerGz
 	}
 	env := img.Env
 	if env == nil {
 		env = []string{"PATH=/"}
 	}
 	config, err := json.Marshal(map[string]any{
-		"architecture": "amd64",
+		"architecture": arch,
 		"os":           "linux",
 		"created":      time.Unix(0, 0).UTC(),
 		"config": map[string]any{
@@ -101,66 +200,76 @@ func Write(w io.Writer, img Image) (string, error) {
 			"Labels":     img.Labels,
 			"WorkingDir": "/",
 		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{digest(layer)}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
 	})
 	if err != nil {
-		return "", err
+		return manifest{}, err
 	}
-	manifest, err := json.Marshal(map[string]any{
+	m, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
-		"mediaType":     mediaManifest,
-		"config":        descriptor{MediaType: mediaConfig, Digest: digest(config), Size: int64(len(config))},
-		"layers":        []descriptor{{MediaType: mediaLayer, Digest: digest(layer), Size: int64(len(layer))}},
+		"mediaType":     MediaManifest,
+		"config":        descriptor{MediaType: MediaConfig, Digest: digest(config), Size: int64(len(config))},
+		"layers":        []descriptor{{MediaType: media, Digest: digest(layer), Size: int64(len(layer))}},
 	})
 	if err != nil {
-		return "", err
+		return manifest{}, err
 	}
-	tag := img.Name[strings.LastIndex(img.Name, ":")+1:]
-	index, err := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"manifests": []descriptor{{
-			MediaType: mediaManifest, Digest: digest(manifest), Size: int64(len(manifest)),
-			Annotations: map[string]string{
-				"io.containerd.image.name":          img.Name,
-				"org.opencontainers.image.ref.name": tag,
-			},
-			Platform: &platform{Architecture: "amd64", OS: "linux"},
-		}},
-	})
+	return manifest{
+		desc:  descriptor{MediaType: MediaManifest, Digest: digest(m), Size: int64(len(m)), Platform: &platform{Architecture: arch, OS: "linux"}},
+		blobs: [][]byte{config, layer, m},
+	}, nil
+}
+
+// gzipped is b compressed the same way every time (no name, no time).
+func gzipped(b []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
+	if _, err := zw.Write(b); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// writeLayout writes the layout's tar: oci-layout, index.json, then each
+// blob once, named by its digest.
+func writeLayout(w io.Writer, index []byte, blobs [][]byte) error {
 	tw := tar.NewWriter(w)
-	entries := []struct {
-		name string
-		data []byte
-	}{
-		{"oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)},
-		{"index.json", index},
-	}
-	for _, b := range [][]byte{config, layer, manifest} {
-		entries = append(entries, struct {
-			name string
-			data []byte
-		}{"blobs/sha256/" + strings.TrimPrefix(digest(b), "sha256:"), b})
-	}
 	for _, d := range []string{"blobs", "blobs/sha256"} {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
-			return "", err
+			return err
 		}
 	}
-	for _, e := range entries {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: e.name, Mode: 0o644, Size: int64(len(e.data)), ModTime: time.Unix(0, 0)}); err != nil {
-			return "", err
+	file := func(name string, data []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: time.Unix(0, 0)}); err != nil {
+			return err
 		}
-		if _, err := tw.Write(e.data); err != nil {
-			return "", err
+		_, err := tw.Write(data)
+		return err
+	}
+	if err := file("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
+		return err
+	}
+	if err := file("index.json", index); err != nil {
+		return err
+	}
+	written := map[string]bool{}
+	for _, b := range blobs {
+		d := digest(b)
+		if written[d] {
+			continue
+		}
+		written[d] = true
+		if err := file("blobs/sha256/"+strings.TrimPrefix(d, "sha256:"), b); err != nil {
+			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return "", err
-	}
-	return digest(manifest), nil
+	return tw.Close()
 }
 
 func digest(b []byte) string {

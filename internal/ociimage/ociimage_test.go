@@ -117,3 +117,59 @@ func TestWriteRefusesBadImages(t *testing.T) {
 		}
 	}
 }
+
+// An index of two platforms: one name, an image index whose manifests
+// carry each platform, each config the same architecture, each gzipped
+// layer's diff_id the digest of its tar and its files those given; Read
+// checks every digest and size. The same images give the same bytes.
+func TestWriteIndex(t *testing.T) {
+	imgs := []Image{
+		{Architecture: "amd64", Gzip: true, Entrypoint: []string{"/egret"},
+			Files: []File{{Path: "/egret", Mode: 0o755, Data: []byte("amd64 ELF")}, {Path: "/tmp", Mode: 0o1777, Dir: true}}},
+		{Architecture: "arm64", Gzip: true, Entrypoint: []string{"/egret"},
+			Files: []File{{Path: "/egret", Mode: 0o755, Data: []byte("arm64 ELF")}, {Path: "/tmp", Mode: 0o1777, Dir: true}}},
+	}
+	var a, b bytes.Buffer
+	da, err := WriteIndex(&a, "example.test/egret:1.2", imgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db, err := WriteIndex(&b, "example.test/egret:1.2", imgs); err != nil || db != da || !bytes.Equal(a.Bytes(), b.Bytes()) {
+		t.Fatalf("two writes of one index differ (%v)", err)
+	}
+	l, err := Read(bytes.NewReader(a.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Name != "example.test/egret:1.2" || l.Tag != "1.2" || l.Digest != da || l.MediaType != MediaIndex || len(l.Platforms) != 2 {
+		t.Fatalf("layout %+v", l)
+	}
+	for i, p := range l.Platforms {
+		arch := imgs[i].Architecture
+		if p.Architecture != arch || p.OS != "linux" || p.ConfigArchitecture != arch || p.LayerMediaType != MediaLayerGz {
+			t.Errorf("platform %d: %+v", i, p)
+		}
+		if string(p.Files["egret"]) != arch+" ELF" || !p.Dirs["tmp"] {
+			t.Errorf("%s layer: files %v dirs %v", arch, p.Files, p.Dirs)
+		}
+	}
+
+	// Read refuses a blob whose content is not its digest's.
+	files := readTar(t, a.Bytes())
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	for name, data := range files {
+		if strings.HasPrefix(name, "blobs/sha256/") && bytes.Contains(data, []byte(`"architecture":"arm64"`)) {
+			data = bytes.Replace(data, []byte(`"architecture":"arm64"`), []byte(`"architecture":"arm32"`), 1)
+		}
+		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: int64(len(data)), Mode: 0o644})
+		tw.Write(data)
+	}
+	tw.Close()
+	if _, err := Read(&out); !errors.Is(err, ErrLayout) {
+		t.Errorf("a tampered config: %v, want ErrLayout", err)
+	}
+	if _, err := WriteIndex(io.Discard, "e:1", []Image{{Architecture: "arm64"}, {Architecture: "arm64"}}); !errors.Is(err, ErrImage) {
+		t.Errorf("one architecture twice: %v, want ErrImage", err)
+	}
+}

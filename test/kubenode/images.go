@@ -64,7 +64,8 @@ func (n *Node) importTestImages(t testing.TB) error {
 func (n *Node) ImportEgret(t testing.TB, name string) {
 	t.Helper()
 	path := filepath.Join(n.Dir, "images", RandName("egret-")+".tar")
-	cmd := exec.Command("go", "run", "./deploy/image", "-o", path, "-name", name)
+	// The node's platform alone: the other would cost a cross-compile.
+	cmd := exec.Command("go", "run", "./deploy/image", "-o", path, "-name", name, "-platforms", "linux/"+runtime.GOARCH)
 	cmd.Dir = moduleRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go run ./deploy/image: %v: %s", err, out)

@@ -219,7 +219,7 @@ func TestGitignoreKeepsBuildOutputOut(t *testing.T) {
 			t.Errorf("git does not ignore %s in the top directory (.gitignore): %v", p, err)
 		}
 	}
-	for _, p := range []string{"cmd/egret/main.go", "cmd/kubectl-egret", "deploy/image/build.go", "README.md"} {
+	for _, p := range []string{"cmd/egret/main.go", "cmd/kubectl-egret", "deploy/image/main.go", "README.md"} {
 		if exec.Command("git", "-C", repoRoot, "check-ignore", "-q", "--no-index", p).Run() == nil {
 			t.Errorf("git ignores %s, a source", p)
 		}

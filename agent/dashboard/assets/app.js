@@ -11,6 +11,18 @@ function el(tag, text, cls) {
   return e;
 }
 
+// name is a cell holding a name (namespace, pod, workload, upstream): it
+// may break after a "/" or "." (as after a "-"), so that a long FQDN fits
+// its column; its text stays as it is (copied, it has no extra character).
+function name(text) {
+  const td = el("td", undefined, "name");
+  for (const part of String(text).split(/(?<=[./])/)) {
+    if (td.firstChild) td.appendChild(el("wbr"));
+    td.appendChild(document.createTextNode(part));
+  }
+  return td;
+}
+
 function rate(v) {
   if (!v) return "0";
   return v >= 10 ? v.toFixed(0) : v.toFixed(1);
@@ -50,22 +62,22 @@ function countCells(c) {
 function render(s) {
   document.getElementById("window").textContent = s.window_seconds ? s.window_seconds.toFixed(1) : "–";
   fill(document.querySelector("#pods tbody"), s.pods.map(p => [
-    el("td", p.namespace), el("td", p.pod), el("td", p.workload || "–"), el("td", p.state || "gone"),
+    name(p.namespace), name(p.pod), name(p.workload || "–"), el("td", p.state || "gone"),
     ...rateCells(p.rates), ...countCells(p.counts),
   ]), 14, "no pods");
   fill(document.querySelector("#upstreams tbody"), s.upstreams.map(u => [
-    el("td", u.upstream), ...rateCells(u.rates), ...countCells(u.counts), num(u.counts.budget_denied, u.counts.budget_denied > 0),
+    name(u.upstream), ...rateCells(u.rates), ...countCells(u.counts), num(u.counts.budget_denied, u.counts.budget_denied > 0),
     num(u.budget_tokens === null ? "–" : u.budget_tokens.toFixed(1), u.budget_tokens !== null && u.budget_tokens < 1),
   ]), 13, "no upstreams yet");
   fill(document.querySelector("#flows tbody"), s.flows.map(f => [
-    el("td", f.namespace ? f.namespace + "/" + f.pod : f.pod), el("td", f.upstream), ...rateCells(f.rates), ...countCells(f.counts),
+    name(f.namespace ? f.namespace + "/" + f.pod : f.pod), name(f.upstream), ...rateCells(f.rates), ...countCells(f.counts),
   ]), 12, "none");
   fill(document.querySelector("#recent tbody"), s.recent.map(r => {
     const link = el("a", r.id);
     link.href = "/explain/" + encodeURIComponent(r.id);
     const id = el("td");
     id.appendChild(link);
-    return [el("td", new Date(r.time).toLocaleTimeString()), id, el("td", r.pod || "–"), el("td", r.upstream),
+    return [el("td", new Date(r.time).toLocaleTimeString()), id, name(r.pod || "–"), name(r.upstream),
       el("td", r.method), el("td", r.outcome, "outcome-" + r.outcome), el("td", r.reason)];
   }), 7, "none held");
 }

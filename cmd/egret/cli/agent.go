@@ -353,7 +353,7 @@ func adminCommands() []*cli.Command {
 	return []*cli.Command{
 		get("status", "the agent's (or proxy's) summary, version, kernel and eBPF features", "/status"),
 		get("pods", "the pods and their state", "/pods"),
-		get("upstreams", "the node-wide retry budget of each upstream in use", "/upstreams"),
+		get("upstreams", "the node-wide retry budget of each upstream in use (one idle past its TTL is forgotten: egret top shows it as -)", "/upstreams"),
 		observeCommand(sock), policyCommand(sock),
 		{
 			Name:      "explain",

@@ -24,7 +24,7 @@ func App() *cli.App {
 		keeperCommand(),
 		// The agent's admin calls (status, pods, upstreams, explain)
 		// stand at the top as well as under `egret agent`.
-	}, append(adminCommands(), topCommand(), versionCommand(), completionCommand())...)
+	}, append(adminCommands(), topCommand(), versionCommand(), completionCommand(), helpCommand())...)
 	withManners(cmds, "egret")
 	app := &cli.App{
 		Name:     "egret",
@@ -35,6 +35,9 @@ func App() *cli.App {
 		HideVersion: true,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "version", Usage: "print egret's version and exit"},
+			// urfave adds --help only when no command is named help:
+			// egret's help command is its own (helpCommand), so is this.
+			cli.HelpFlag,
 		},
 		HideHelpCommand: true,
 		// --generate-bash-completion: what `egret completion` scripts ask.
@@ -93,10 +96,23 @@ func run(app *cli.App, args []string, stderr io.Writer) int {
 	return ExitFailure
 }
 
+// helpCommand lists `egret help` among the commands. It never runs:
+// helpArgs turns `egret help [COMMAND...]` into `egret [COMMAND...] --help`
+// before the arguments are parsed.
+func helpCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "help",
+		Usage:     "show the help of egret, or of a command (egret help COMMAND is egret COMMAND --help)",
+		ArgsUsage: "[COMMAND...]",
+		Action: func(c *cli.Context) error {
+			return cli.ShowAppHelp(c)
+		},
+	}
+}
+
 // helpArgs makes `egret help [COMMAND...]` what `go help` and `kubectl
 // help` are: `egret [COMMAND...] --help`. (urfave's own help command is
-// hidden: it would add a help subcommand under every command, and a
-// command named help takes over the --help flag.)
+// hidden: it would add a help subcommand under every command.)
 func helpArgs(args []string) []string {
 	if len(args) < 2 || args[1] != "help" {
 		return args

@@ -98,14 +98,27 @@ func printQuery(c *cli.Context, name string, body []byte) error {
 		if err := json.Unmarshal(body, &us); err != nil {
 			return cli.Exit(err.Error(), 1)
 		}
-		rows := [][]string{{"UPSTREAM", "TOKENS"}}
-		for _, u := range us {
-			rows = append(rows, []string{u.Upstream, fmt.Sprintf("%.1f", u.Tokens)})
-		}
-		return table(w, rows)
+		return writeUpstreams(w, us)
 	}
 	_, err = w.Write(body)
 	return err
+}
+
+// writeUpstreams writes egret upstreams' table: each budget in use, as
+// egret top's BUDGET column shows it.
+func writeUpstreams(w io.Writer, us []agent.UpstreamStatus) error {
+	rows := [][]string{{"UPSTREAM", "TOKENS"}}
+	for _, u := range us {
+		rows = append(rows, []string{u.Upstream, budgetCell(&u.Tokens)})
+	}
+	if err := table(w, rows); err != nil {
+		return err
+	}
+	if len(us) == 0 {
+		_, err := fmt.Fprintln(w, "("+budgetNone+")")
+		return err
+	}
+	return nil
 }
 
 // printStatus prints the summary with the version, kernel and eBPF

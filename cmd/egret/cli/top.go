@@ -216,18 +216,36 @@ func writeTop(w io.Writer, s agent.Summary, by, sock string) error {
 		fmt.Fprintln(tw)
 	}
 	fmt.Fprintln(tw, "UPSTREAM\tREQ/S\tRETRY/S\tAMBIG/S\tNOTSENT/S\tFAILED/S\tREQUESTS\tRETRIES\tAMBIGUOUS\tNOT-SENT\tBUDGET")
+	idle := false
 	for _, u := range ups {
-		budget := "-"
-		if u.BudgetTokens != nil {
-			budget = strconv.FormatFloat(*u.BudgetTokens, 'f', 1, 64)
-		}
+		idle = idle || u.BudgetTokens == nil
 		fmt.Fprintf(tw, "%s\t%s%d\t%d\t%d\t%d\t%s\n", u.Upstream, rateCols(u.Rates),
-			u.Counts.Requests, u.Counts.Retries, u.Counts.Ambiguous, u.Counts.NotSent, budget)
+			u.Counts.Requests, u.Counts.Retries, u.Counts.Ambiguous, u.Counts.NotSent, budgetCell(u.BudgetTokens))
 	}
 	if len(ups) == 0 {
 		fmt.Fprintln(tw, "(no requests yet)")
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if idle {
+		_, err := fmt.Fprintln(w, "\nBUDGET -: "+budgetNone)
+		return err
+	}
+	return nil
+}
+
+// budgetNone says what a budget shown as "-" is, in egret top and egret
+// upstreams alike.
+const budgetNone = "no budget in use (idle past its TTL, forgotten: the next request starts a fresh one at its floor; or \"other\", many upstreams)"
+
+// budgetCell is a budget as egret top and egret upstreams show it: the
+// retries it allows now, one decimal, or "-" when none is in use.
+func budgetCell(tokens *float64) string {
+	if tokens == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*tokens, 'f', 1, 64)
 }
 
 func rateCols(r agent.Rates) string {

@@ -223,3 +223,48 @@ func TestTopTables(t *testing.T) {
 		}
 	}
 }
+
+// TestBudgetShownAlike: egret top's BUDGET column and egret upstreams'
+// TOKENS column show the same budget the same way (one decimal), and a
+// budget not in use (forgotten after its TTL, or "other") is "-" in top
+// with a line that says what "-" is, the same line egret upstreams prints
+// when it has no budget in use.
+func TestBudgetShownAlike(t *testing.T) {
+	v := 99.96
+	s := agent.Summary{Time: time.Now(), WindowSeconds: 10, Upstreams: []agent.UpstreamSummary{
+		{Upstream: "orders", Counts: agent.Counts{Requests: 5}, BudgetTokens: &v},
+		{Upstream: "stock", Counts: agent.Counts{Requests: 3}},
+	}}
+	var top, ups, none strings.Builder
+	if err := writeTop(&top, s, "name", "sock"); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeUpstreams(&ups, []agent.UpstreamStatus{{Upstream: "orders", Tokens: v}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeUpstreams(&none, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("top:\n%s\nupstreams:\n%s\nupstreams, none in use:\n%s", top.String(), ups.String(), none.String())
+	if _, b, ok := upstreamRow(top.String(), "orders"); !ok || b != "100.0" {
+		t.Errorf("top's budget of orders: %q, want 100.0", b)
+	}
+	if _, b, ok := upstreamRow(top.String(), "stock"); !ok || b != "-" {
+		t.Errorf("top's budget of stock (none in use): %q, want -", b)
+	}
+	var tokens string
+	for _, l := range strings.Split(ups.String(), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "orders" {
+			tokens = f[1]
+		}
+	}
+	if tokens != "100.0" {
+		t.Errorf("upstreams' tokens of orders: %q, want 100.0 as top shows it", tokens)
+	}
+	if !strings.Contains(top.String(), budgetNone) || !strings.Contains(none.String(), budgetNone) {
+		t.Errorf("no line saying what - is: top %q, upstreams %q", top.String(), none.String())
+	}
+	if strings.Contains(ups.String(), budgetNone) {
+		t.Errorf("upstreams with a budget in use explains -: %q", ups.String())
+	}
+}

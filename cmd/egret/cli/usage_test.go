@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -186,8 +187,19 @@ func TestClosest(t *testing.T) {
 }
 
 // TestHelpCommand: `egret help [COMMAND]` is `egret [COMMAND] --help`, as
-// `go help` is: the help on stdout, status 0.
+// `go help` is: the help on stdout, status 0; egret's help lists it among
+// its commands, and --help and -h still work everywhere.
 func TestHelpCommand(t *testing.T) {
+	top, _, _ := egret("--help")
+	cmds, _, _ := strings.Cut(top, "GLOBAL OPTIONS:")
+	if !regexp.MustCompile(`(?m)^\s+help\s+show the help of egret`).MatchString(cmds) {
+		t.Errorf("egret --help does not list help among its commands:\n%s", top)
+	}
+	for _, args := range [][]string{{"-h"}, {"proxy", "-h"}, {"agent", "status", "--help"}} {
+		if out, errOut, code := egret(args...); code != 0 || errOut != "" || !strings.Contains(out, "USAGE:") {
+			t.Errorf("egret %v: exit %d, stderr %q, stdout %q; want the help", args, code, errOut, out)
+		}
+	}
 	for _, tc := range [][]string{{}, {"proxy"}, {"agent", "status"}} {
 		out, errOut, code := egret(append([]string{"help"}, tc...)...)
 		want, _, _ := egret(append(tc, "--help")...)
