@@ -301,7 +301,8 @@ type Server struct {
 	// cut is set when Shutdown's grace is over: in-flight requests are
 	// answered and their connections closed.
 	cut atomic.Bool
-	// changed is signalled when a connection ends or changes state.
+	// changed is signalled when a connection ends or changes state, or a
+	// Serve loop ends (signal).
 	changed chan struct{}
 	// ctx is cancelled when Shutdown gives up waiting: in-flight attempts
 	// end then.
@@ -400,6 +401,7 @@ func (s *Server) Serve(l net.Listener) error {
 		delete(s.listeners, l)
 		s.mu.Unlock()
 		l.Close()
+		s.signal() // Shutdown counts the Serve loops left
 	}()
 	var backoff time.Duration
 	for {
@@ -443,6 +445,15 @@ func (s *Server) Drain() { s.draining.Store(true) }
 // Draining reports whether Drain or Shutdown was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
+// CloseEndpoints closes the pooled upstream connections to addrs
+// (host:port), busy ones when their exchange ends: endpoints that left
+// their Kubernetes Service, whose connections must carry no other request.
+func (s *Server) CloseEndpoints(addrs []string) {
+	if len(addrs) > 0 && s.bases != nil {
+		s.bases.closeAddrs(addrs)
+	}
+}
+
 // Shutdown drains the server: it stops accepting, denies retries, closes
 // idle keep-alive connections, lets in-flight requests, tunnels and
 // passthrough connections finish until ctx ends, and returns ctx's error
@@ -459,15 +470,6 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // response body has begun (it cannot be answered again), a tunnel or a
 // passthrough is cut at once, with a reset. The answers get up to
 // AnswerGrace; what is left then is reset.
-// CloseEndpoints closes the pooled upstream connections to addrs
-// (host:port), busy ones when their exchange ends: endpoints that left
-// their Kubernetes Service, whose connections must carry no other request.
-func (s *Server) CloseEndpoints(addrs []string) {
-	if len(addrs) > 0 && s.bases != nil {
-		s.bases.closeAddrs(addrs)
-	}
-}
-
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
 	s.closing.Store(true)
@@ -482,18 +484,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// the listener closed): closing it would reset that request. It has
 	// firstRequestGrace to begin one; an idle keep-alive connection is
 	// closed at once, as a client of keep-alive expects.
-	newUntil := time.Now().Add(min(firstRequestGrace, s.cfg.ReadHeaderTimeout))
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
+	//
+	// It waits on events: a connection that ends or changes state, a
+	// Serve loop that ends (signal), the new connections' grace.
+	newGrace := time.NewTimer(min(firstRequestGrace, s.cfg.ReadHeaderTimeout))
+	defer newGrace.Stop()
+	closeNew := false
 	for {
-		if s.closeIdleConns(!time.Now().Before(newUntil)) == 0 {
+		if s.closeIdleConns(closeNew) == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			s.cutInFlight()
 			return ctx.Err()
-		case <-tick.C:
+		case <-s.changed:
+		case <-newGrace.C:
+			closeNew = true
 		}
 	}
 }
@@ -563,7 +570,8 @@ func (s *Server) cutInFlight() {
 	}
 }
 
-// signal tells cutInFlight that a connection changed state or ended.
+// signal tells Shutdown and cutInFlight that a connection changed state or
+// ended, or that a Serve loop ended.
 func (s *Server) signal() {
 	select {
 	case s.changed <- struct{}{}:
