@@ -213,7 +213,7 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 			c.shutdownAnswer(req, id, start, "egret shut down while the request body was being read")
 		} else if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.refuse(req, id, start, http.StatusRequestTimeout, "request body not received in time")
-		} else if errors.Is(err, ErrBadRequest) {
+		} else if errors.Is(err, h1.ErrMalformed) {
 			c.refuse(req, id, start, http.StatusBadRequest, err.Error())
 		} else if !errors.Is(err, spool.ErrShortBody) {
 			c.refuse(req, id, start, http.StatusInternalServerError, err.Error())

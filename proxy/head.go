@@ -9,23 +9,15 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/egret-proxy/egret/internal/h1"
 )
 
-// Errors of reading a client request; each maps to the status the client is
-// answered with (statusOf). Match them with errors.Is.
-var (
-	ErrHeaderTooLarge     = errors.New("request header fields too large")
-	ErrTooManyHeaders     = errors.New("too many request header fields")
-	ErrURITooLong         = errors.New("request line too long")
-	ErrLengthAndChunked   = errors.New("Content-Length together with Transfer-Encoding")
-	ErrBadRequest         = errors.New("malformed request")
-	ErrUnsupportedVersion = errors.New("HTTP version not supported")
-	ErrUnsupportedCoding  = errors.New("transfer coding not implemented")
-	ErrExpectation        = errors.New("expectation not supported")
-)
+// Errors of reading a client request are internal/h1's, the one set of
+// HTTP/1 error values (*h1.Error wrapping a sentinel, matched with
+// errors.Is); statusOf says the status each is answered with.
 
 // headLimits bound the head of a client request.
 type headLimits struct {
@@ -36,18 +28,23 @@ type headLimits struct {
 // statusOf is the status answered for an error of reading a request.
 func statusOf(err error) int {
 	switch {
-	case errors.Is(err, ErrHeaderTooLarge), errors.Is(err, ErrTooManyHeaders):
+	case errors.Is(err, h1.ErrHeadTooLarge), errors.Is(err, h1.ErrTooManyFields):
 		return http.StatusRequestHeaderFieldsTooLarge
-	case errors.Is(err, ErrURITooLong):
+	case errors.Is(err, h1.ErrStartLineTooLong):
 		return http.StatusRequestURITooLong
-	case errors.Is(err, ErrUnsupportedVersion):
+	case errors.Is(err, h1.ErrUnsupportedVersion): // h1.ErrBadVersion too
 		return http.StatusHTTPVersionNotSupported
-	case errors.Is(err, ErrUnsupportedCoding):
+	case errors.Is(err, h1.ErrUnsupportedCoding):
 		return http.StatusNotImplemented
-	case errors.Is(err, ErrExpectation):
+	case errors.Is(err, h1.ErrExpectation):
 		return http.StatusExpectationFailed
 	}
 	return http.StatusBadRequest
+}
+
+// badRequest is a request the proxy finds malformed beyond h1's rules.
+func badRequest(format string, args ...any) error {
+	return &h1.Error{Err: h1.ErrMalformed, Detail: fmt.Sprintf(format, args...)}
 }
 
 // readHead reads one request head (request line, header fields and the empty
@@ -57,42 +54,9 @@ func statusOf(err error) int {
 // maxBytes.
 func readHead(br *bufio.Reader, buf []byte, lim headLimits) ([]byte, error) {
 	if err := h1.SkipEmptyLines(br, 4); err != nil {
-		return buf[:0], requestError(err)
+		return buf[:0], err
 	}
-	head, err := h1.ReadHead(br, buf[:0], h1.Limits{MaxBytes: lim.maxBytes, MaxFields: lim.maxCount})
-	return head, requestError(err)
-}
-
-// requestError turns an error of internal/h1 into one of the request
-// errors above, with h1's detail; other errors (of the connection) are
-// returned as they are.
-func requestError(err error) error {
-	if err == nil {
-		return nil // before e, which would be allocated on every request
-	}
-	var e *h1.Error
-	if !errors.As(err, &e) {
-		return err
-	}
-	kind := ErrBadRequest
-	switch {
-	case errors.Is(e.Err, h1.ErrStartLineTooLong):
-		kind = ErrURITooLong
-	case errors.Is(e.Err, h1.ErrHeadTooLarge):
-		kind = ErrHeaderTooLarge
-	case errors.Is(e.Err, h1.ErrTooManyFields):
-		kind = ErrTooManyHeaders
-	case errors.Is(e.Err, h1.ErrLengthAndChunked):
-		kind = ErrLengthAndChunked
-	case errors.Is(e.Err, h1.ErrUnsupportedCoding):
-		kind = ErrUnsupportedCoding
-	case errors.Is(e.Err, h1.ErrBadVersion):
-		kind = ErrUnsupportedVersion
-	}
-	if e.Detail == "" {
-		return kind
-	}
-	return fmt.Errorf("%w: %s", kind, e.Detail)
+	return h1.ReadHead(br, buf[:0], h1.Limits{MaxBytes: lim.maxBytes, MaxFields: lim.maxCount})
 }
 
 // parseHead parses a head read by readHead. The returned request has no
@@ -120,8 +84,8 @@ func parseHead(head []byte) (*http.Request, []string, error) {
 	// Content-Length with Transfer-Encoding is refused before anything
 	// else is looked at: h1.Frame checks it once there are fields; when
 	// parsing failed before, the field lines are looked for here.
-	if err != nil && !errors.Is(err, ErrLengthAndChunked) && lengthAndChunked(head) {
-		return nil, nil, ErrLengthAndChunked
+	if err != nil && !errors.Is(err, h1.ErrLengthAndChunked) && lengthAndChunked(head) {
+		return nil, nil, h1.ErrLengthAndChunked
 	}
 	return req, order, err
 }
@@ -156,7 +120,7 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 	line, rest := h1.CutLine(s)
 	rl, err := h1.ParseRequestLine(line)
 	if err != nil {
-		return nil, nil, requestError(err)
+		return nil, nil, err
 	}
 	method, uri := rl.Method, rl.Target
 	// The asterisk form names the server itself, only for OPTIONS (RFC
@@ -164,7 +128,7 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 	// reads it as a path and one that refuses it would disagree. (Another
 	// version, the HTTP/2 preface's PRI * HTTP/2.0 too, is a 505 below.)
 	if uri == "*" && method != http.MethodOptions && rl.Major == 1 {
-		return nil, nil, fmt.Errorf("%w: request target * is only for OPTIONS", ErrBadRequest)
+		return nil, nil, badRequest("request target * is only for OPTIONS")
 	}
 	// CONNECT names an authority (host:port), or a path as net/rpc does.
 	rawURL := uri
@@ -174,7 +138,7 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 	}
 	u, err := url.ParseRequestURI(rawURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		return nil, nil, badRequest("%v", err)
 	}
 	if authority {
 		u.Scheme = ""
@@ -182,11 +146,11 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 
 	h, order, badName, err := h1.ParseFields(rest, true)
 	if err != nil {
-		return nil, nil, requestError(err)
+		return nil, nil, err
 	}
 	_, hasTE := h["Transfer-Encoding"]
 	if _, hasCL := h["Content-Length"]; hasCL && hasTE {
-		return nil, nil, ErrLengthAndChunked
+		return nil, nil, h1.ErrLengthAndChunked
 	}
 	req := &http.Request{
 		Method:     method,
@@ -200,7 +164,7 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 		RequestURI: uri,
 	}
 	if hosts := h["Host"]; len(hosts) > 1 {
-		return nil, nil, fmt.Errorf("%w: too many Host headers", ErrBadRequest)
+		return nil, nil, badRequest("too many Host headers")
 	} else if req.Host == "" && len(hosts) == 1 {
 		req.Host = hosts[0]
 	}
@@ -208,7 +172,7 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 
 	f, err := h1.Frame(h, rl.Major, rl.Minor, true)
 	if err != nil {
-		return nil, nil, requestError(err)
+		return nil, nil, err
 	}
 	req.ContentLength = f.Length
 	if f.Length < 0 {
@@ -220,17 +184,17 @@ func parseRequest(head []byte) (*http.Request, []string, error) {
 	}
 
 	if badName != "" {
-		return nil, nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, badName)
+		return nil, nil, badRequest("header field name %q", badName)
 	}
 	if rl.Major != 1 {
-		return nil, nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, rl.Proto)
+		return nil, nil, &h1.Error{Err: h1.ErrUnsupportedVersion, Detail: rl.Proto}
 	}
 	if f.Coded && !f.Chunked {
 		// HTTP/1.0 has no transfer codings: net/http answers 501.
-		return nil, nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
+		return nil, nil, &h1.Error{Err: h1.ErrUnsupportedCoding, Detail: fmt.Sprintf("%q", req.TransferEncoding)}
 	}
 	if e := field(h, "Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
-		return nil, nil, fmt.Errorf("%w: %q", ErrExpectation, e)
+		return nil, nil, &h1.Error{Err: h1.ErrExpectation, Detail: strconv.Quote(e)}
 	}
 	delete(h, "Host") // it is req.Host, as net/http has it
 	return req, order, nil
@@ -276,7 +240,7 @@ func bodyReader(req *http.Request, br *bufio.Reader) io.Reader {
 }
 
 // chunkedBody is a chunked request body whose errors of syntax are the
-// client's: ErrBadRequest. An error of the connection is returned as it
+// client's: h1.ErrMalformed. An error of the connection is returned as it
 // is, as a Content-Length body's is: a stalled body's deadline is a 408,
 // not a 400. Trailers are not forwarded.
 type chunkedBody struct{ r *h1.ChunkedReader }
@@ -288,7 +252,7 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 		if errors.As(err, &ne) {
 			err = fmt.Errorf("chunked body: %w", err)
 		} else {
-			err = fmt.Errorf("%w: chunked body: %v", ErrBadRequest, err)
+			err = badRequest("chunked body: %v", err)
 		}
 	}
 	return n, err

@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/egret-proxy/egret/internal/h1"
 )
 
 // parseHeadStd is the reference for parseHead: the same checks over
@@ -38,7 +40,7 @@ func parseHeadStd(head []byte) (*http.Request, error) {
 		}
 	}
 	if hasCL && hasTE {
-		return nil, ErrLengthAndChunked
+		return nil, h1.ErrLengthAndChunked
 	}
 	// The proxy refuses obsolete line folding, which net/http joins;
 	// net/http cuts the request line first (at single spaces), so a bad
@@ -47,7 +49,7 @@ func parseHeadStd(head []byte) (*http.Request, error) {
 		_, rest, _ := bytes.Cut(bytes.TrimSuffix(line, []byte("\r")), []byte(" "))
 		_, proto, ok := bytes.Cut(rest, []byte(" "))
 		if _, _, vok := http.ParseHTTPVersion(string(proto)); !ok || vok {
-			return nil, fmt.Errorf("%w: obsolete line folding", ErrBadRequest)
+			return nil, fmt.Errorf("%w: obsolete line folding", h1.ErrMalformed)
 		}
 	}
 	// The proxy refuses the asterisk form but for OPTIONS (RFC 9112
@@ -55,37 +57,37 @@ func parseHeadStd(head []byte) (*http.Request, error) {
 	if line, _, _ := bytes.Cut(head, []byte("\n")); true {
 		parts := strings.Split(strings.TrimSuffix(string(line), "\r"), " ")
 		if major, _, vok := http.ParseHTTPVersion(parts[len(parts)-1]); len(parts) == 3 && vok && major == 1 && parts[1] == "*" && parts[0] != http.MethodOptions {
-			return nil, fmt.Errorf("%w: request target * is only for OPTIONS", ErrBadRequest)
+			return nil, fmt.Errorf("%w: request target * is only for OPTIONS", h1.ErrMalformed)
 		}
 	}
 	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "unsupported transfer encoding") {
-			return nil, fmt.Errorf("%w: %v", ErrUnsupportedCoding, err)
+			return nil, fmt.Errorf("%w: %v", h1.ErrUnsupportedCoding, err)
 		}
 		if strings.HasPrefix(err.Error(), "malformed HTTP version") {
-			return nil, fmt.Errorf("%w: %v", ErrUnsupportedVersion, err)
+			return nil, fmt.Errorf("%w: %v", h1.ErrUnsupportedVersion, err)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: %v", h1.ErrMalformed, err)
 	}
 	for k, vs := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
-			return nil, fmt.Errorf("%w: header field name %q", ErrBadRequest, k)
+			return nil, fmt.Errorf("%w: header field name %q", h1.ErrMalformed, k)
 		}
 		for _, v := range vs {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return nil, fmt.Errorf("%w: value of header field %q", ErrBadRequest, k)
+				return nil, fmt.Errorf("%w: value of header field %q", h1.ErrMalformed, k)
 			}
 		}
 	}
 	if req.ProtoMajor != 1 {
-		return nil, fmt.Errorf("%w: %s", ErrUnsupportedVersion, req.Proto)
+		return nil, fmt.Errorf("%w: %s", h1.ErrUnsupportedVersion, req.Proto)
 	}
 	if hasTE && !(len(req.TransferEncoding) == 1 && req.TransferEncoding[0] == "chunked") {
-		return nil, fmt.Errorf("%w: %q", ErrUnsupportedCoding, req.TransferEncoding)
+		return nil, fmt.Errorf("%w: %q", h1.ErrUnsupportedCoding, req.TransferEncoding)
 	}
 	if e := req.Header.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
-		return nil, fmt.Errorf("%w: %q", ErrExpectation, e)
+		return nil, fmt.Errorf("%w: %q", h1.ErrExpectation, e)
 	}
 	return req, nil
 }
@@ -254,8 +256,8 @@ func TestParseHeadMatchesNetHTTP(t *testing.T) {
 }
 
 func TestParseHeadDetails(t *testing.T) {
-	if _, _, err := parseHead([]byte("GET http://h/ HTTP/1.1\r\nx-a: a\r\n  b\r\n\r\n")); !errors.Is(err, ErrBadRequest) || statusOf(err) != http.StatusBadRequest {
-		t.Errorf("folded field: %v, want %v (400)", err, ErrBadRequest)
+	if _, _, err := parseHead([]byte("GET http://h/ HTTP/1.1\r\nx-a: a\r\n  b\r\n\r\n")); !errors.Is(err, h1.ErrMalformed) || statusOf(err) != http.StatusBadRequest {
+		t.Errorf("folded field: %v, want %v (400)", err, h1.ErrMalformed)
 	}
 	req, _, err := parseHead([]byte("GET http://h/ HTTP/1.1\r\nx-a: a b\r\nPragma: no-cache\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n"))
 	if err != nil {
@@ -290,11 +292,11 @@ func TestParseHeadErrors(t *testing.T) {
 		raw  string
 		want error
 	}{
-		{"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", ErrLengthAndChunked},
-		{"GET / HTTP/3\r\n\r\n", ErrUnsupportedVersion},
-		{"POST / HTTP/1.1\r\nTransfer-Encoding: br\r\n\r\n", ErrUnsupportedCoding},
-		{"GET / HTTP/1.1\r\nExpect: x\r\n\r\n", ErrExpectation},
-		{"GET / HTTP/1.1\r\nX\r\n\r\n", ErrBadRequest},
+		{"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", h1.ErrLengthAndChunked},
+		{"GET / HTTP/3\r\n\r\n", h1.ErrUnsupportedVersion},
+		{"POST / HTTP/1.1\r\nTransfer-Encoding: br\r\n\r\n", h1.ErrUnsupportedCoding},
+		{"GET / HTTP/1.1\r\nExpect: x\r\n\r\n", h1.ErrExpectation},
+		{"GET / HTTP/1.1\r\nX\r\n\r\n", h1.ErrMalformed},
 	} {
 		if _, _, err := parseHead([]byte(c.raw)); !errors.Is(err, c.want) {
 			t.Errorf("%q: %v, want %v", c.raw, err, c.want)

@@ -23,8 +23,9 @@
 // net/textproto.
 //
 // Errors of syntax or framing are *Error values wrapping one of the
-// sentinels below, matched with errors.Is; the sides turn them into their
-// own (a status for a client, a bad upstream response).
+// sentinels below, matched with errors.Is: the one set of HTTP/1 error
+// values. The request side answers them with a status (proxy's statusOf),
+// the response side takes them as a bad upstream response.
 package h1
 
 import (
@@ -46,8 +47,15 @@ var (
 	ErrLengthAndChunked = errors.New("Content-Length together with Transfer-Encoding")
 	// ErrUnsupportedCoding: a transfer coding other than chunked.
 	ErrUnsupportedCoding = errors.New("transfer coding not implemented")
-	// ErrBadVersion: a start line whose version is not HTTP/x.y.
-	ErrBadVersion = fmt.Errorf("%w: malformed HTTP version", ErrMalformed)
+	// ErrUnsupportedVersion: a version other than HTTP/1.x (a request
+	// with one is answered 505).
+	ErrUnsupportedVersion = errors.New("HTTP version not supported")
+	// ErrBadVersion: a start line whose version is not HTTP/x.y: malformed,
+	// and no version supported either (net/http answers such a request
+	// 505, so the proxy does).
+	ErrBadVersion = fmt.Errorf("%w: %w", ErrMalformed, ErrUnsupportedVersion)
+	// ErrExpectation: a request's Expect other than 100-continue.
+	ErrExpectation = errors.New("expectation not supported")
 	// ErrStartLineTooLong: the start line alone passes Limits.MaxBytes.
 	ErrStartLineTooLong = errors.New("start line too long")
 	// ErrHeadTooLarge: the head (or a trailer section) passes
