@@ -241,11 +241,9 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 		return false
 	}
 	x.rx.Endpoints = ident.Endpoints
+	x.rx.Note = ident.ServiceNote
 	x.rx.Request = c.outgoing(req, tg, body, x, upgrade)
 	res := c.s.runner.Run(&x.rx)
-	if ident.ServiceNote != "" && res.Trace != nil {
-		res.Trace.Note = ident.ServiceNote
-	}
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
 	keep := !req.Close && !c.s.closing.Load() && (body == nil || body.Done())
@@ -255,6 +253,7 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 		_, conn := res.Response.Body.(io.ReadWriteCloser)
 		if !upgrade || !conn || req.Close || body != nil && !body.Done() {
 			res.Response.Body.Close()
+			res.Finish(nil)
 			res = retry.Result{Err: &retry.Error{Outcome: engine.OutcomeFailed, Status: http.StatusBadGateway,
 				Attempts: attemptsOf(res.Trace, nil), Trace: res.Trace, Err: errUnaskedSwitch}, Trace: res.Trace}
 		} else {
@@ -563,7 +562,7 @@ func attemptsOf(tr *retry.Trace, err error) int {
 // answerFailure answers a request that got no response to relay (spec
 // section 6).
 func (c *conn) answerFailure(req *http.Request, x *exchange, res retry.Result, start time.Time, keep bool) bool {
-	err, tr := res.Err, res.Trace
+	err, tr := res.Err, res.Finish(nil) // complete already: the run ended with err
 	status, outcome := http.StatusBadGateway, engine.OutcomeFailed
 	var ae *retry.AmbiguousError
 	var re *retry.Error
@@ -583,7 +582,7 @@ func (c *conn) answerFailure(req *http.Request, x *exchange, res retry.Result, s
 	n := attemptsOf(tr, err)
 	c.s.cfg.Metrics.request(outcome.String())
 	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome.String(), n, tr)
-	c.s.putTrace(tr) // complete: the run has ended
+	c.s.putTrace(tr)
 	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
 		msg: err.Error(), close: !keep})
 	c.logOutcome(req, x, n, outcome.String(), status, start, err, tr)
@@ -623,6 +622,7 @@ func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start tim
 	defer func() {
 		if !closed {
 			resp.Body.Close()
+			res.Finish(nil)
 		}
 	}()
 	n := attemptsOf(tr, nil)
@@ -686,16 +686,20 @@ func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start tim
 		writeField(bw, "Connection", "close")
 	}
 	bw.WriteString("\r\n")
-	var copyErr error
+	var readErr, copyErr error
 	if !noBody {
 		defer c.bodyBegun.Store(false)
-		copyErr = c.copyBody(resp.Body, chunk, resp.ContentLength)
+		readErr, copyErr = c.copyBody(resp.Body, chunk, resp.ContentLength)
+		if copyErr == nil {
+			copyErr = readErr
+		}
 	}
-	// The body is read to its end (or broke, or there is none): closed,
-	// the run is complete, and its trace is stored before the answer's
-	// last bytes go out.
+	// The body is read to its end (or broke, or was abandoned, or there
+	// is none): closed, the run finished in one call, and its final trace
+	// stored before the answer's last bytes go out.
 	resp.Body.Close()
 	closed = true
+	tr = res.Finish(readErr)
 	c.s.putTrace(tr)
 	if copyErr == nil {
 		copyErr = c.bw.Flush()
@@ -711,9 +715,11 @@ func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start tim
 // copyBody streams a response body to the client, flushing as bytes come,
 // but for the last bytes (those that reach its length, or come with the
 // end): the caller flushes them once the request's trace is stored. A body
-// that breaks returns its error: the caller aborts the connection, never
-// ending the body cleanly. length is the body's, -1 when unknown.
-func (c *conn) copyBody(r io.Reader, chunk bool, length int64) error {
+// that breaks returns its error (readErr, for the run's Finish), a client
+// that cannot take it the write's (writeErr): either way the caller aborts
+// the connection, never ending the body cleanly. length is the body's, -1
+// when unknown.
+func (c *conn) copyBody(r io.Reader, chunk bool, length int64) (readErr, writeErr error) {
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
 	buf := *bufp
@@ -740,7 +746,10 @@ func (c *conn) copyBody(r io.Reader, chunk bool, length int64) error {
 			}
 			if !last {
 				if werr := c.bw.Flush(); werr != nil {
-					return werr
+					if err == io.EOF {
+						err = nil
+					}
+					return err, werr
 				}
 			}
 		}
@@ -748,10 +757,10 @@ func (c *conn) copyBody(r io.Reader, chunk bool, length int64) error {
 			if chunk {
 				h1.EndChunks(c.bw)
 			}
-			return nil
+			return nil, nil
 		}
 		if err != nil {
-			return err
+			return err, nil
 		}
 	}
 }
@@ -926,7 +935,7 @@ func (c *conn) upgradeAllowed(tg target) error {
 // HTTP. Everything of the request was read before the switch (the base
 // writes the whole request before it hands over the connection).
 func (c *conn) switched(req *http.Request, x *exchange, res retry.Result, start time.Time) {
-	resp, tr := res.Response, res.Trace
+	resp, tr := res.Response, res.Finish(nil) // complete already: the run ended with the switch
 	n := attemptsOf(tr, nil)
 	c.s.putTrace(tr)
 	c.s.cfg.Metrics.request(labelRelayed)

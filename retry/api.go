@@ -3,11 +3,14 @@
 // transport error, kernel witness), asks engine.Decide, waits, and tells
 // the truth when it stops.
 //
-// One call is the seam: Runner.Run takes one Exchange (the request, its
-// policy, the base transport, the header field order, the bulkhead) and
-// returns one Result (a response or an error, and the trace with the
-// engine's outcome). The node proxy calls it once per request; Transport,
-// an http.RoundTripper, makes the Exchange for Go programs.
+// One call is the seam, and one call ends it: Runner.Run takes one
+// Exchange (the request, its policy, the base transport, the header field
+// order, the bulkhead) and returns one Result (a response or an error, and
+// the trace with the engine's outcome); Result.Finish, once the response's
+// body is done with, completes the run and returns the final trace. The
+// node proxy calls both once per request; Transport, an
+// http.RoundTripper, makes the Exchange for Go programs and ends the run
+// at the body's end.
 //
 // The pieces:
 //   - Runner, Exchange, Transport (transport.go): the attempt loop,

@@ -67,6 +67,10 @@ type Exchange struct {
 	// request's URL and Host header keep naming the upstream; only the
 	// dial (and the pooled connection) is the endpoint's.
 	Endpoints Endpoints
+	// Note is the caller's word on how the upstream was handled, recorded
+	// as the trace's Note when the run begins (the proxy's: a Kubernetes
+	// Service egret leaves to kube-proxy).
+	Note string
 
 	run run // the run's state, in the caller's allocation
 }
@@ -98,12 +102,34 @@ type Bulkhead interface {
 
 // Result is how an exchange ended: a Response to relay, or an Err
 // (*AmbiguousError or *Error) without one. Trace is the request's history
-// (its Outcome the engine's); with a Response it is complete once the
-// Response's body is closed or read to its end.
+// (its Outcome the engine's).
+//
+// A Runner's run ends in one call, Finish: once the Response's body was
+// read to its end, broke, or is abandoned (and closed), Finish completes
+// the run and returns its final trace. Until then the run holds the
+// attempt the response came from (its bulkhead permit, its context);
+// nothing changes the trace after Finish. With an Err, or a 101 whose
+// body is the connection, the run is complete when Run returns, and
+// Finish only returns the trace.
 type Result struct {
 	Response *http.Response
 	Err      error
 	Trace    *Trace
+
+	run *run // nil: nothing left to complete (a stand-in's Result)
+}
+
+// Finish completes the run and returns its final trace. bodyErr is the
+// error the Response's body returned to its reader: nil when it was read
+// to its end (io.EOF counts as nil), or abandoned unread; another error
+// says the body broke after the response was returned, which the trace
+// records on the last attempt (body_interrupted, partial response; no
+// retry). The body must be closed first. Only the first call counts.
+func (r Result) Finish(bodyErr error) *Trace {
+	if r.run == nil {
+		return r.Trace
+	}
+	return r.run.finish(bodyErr)
 }
 
 // Runner runs exchanges (Run): the state they share, one per process (the
@@ -167,7 +193,7 @@ func (rn *Runner) Run(x *Exchange) Result {
 	rn.init()
 	r := &x.run
 	*r = run{rn: rn, req: x.Request, work: x.Request, ht: x.Base, order: x.FieldOrder, bulkhead: x.Bulkhead,
-		eps: x.Endpoints, start: rn.now()}
+		eps: x.Endpoints, note: x.Note, start: rn.now()}
 	if r.ht == nil {
 		r.ht = rn.defaultBase()
 	}
@@ -313,7 +339,7 @@ func (t *Transport) CloseIdleConnections() {
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.init()
 	r := &run{rn: &t.rn, req: req, work: req, ht: t.ht, base: t.base,
-		draining: t.Draining, onTrace: t.OnTrace, start: t.rn.now()}
+		draining: t.Draining, onTrace: t.OnTrace, bodyEnds: true, start: t.rn.now()}
 	if t.Policy != nil {
 		r.pol = t.Policy(req)
 	} else {
@@ -388,8 +414,9 @@ func BodyKind(req *http.Request) engine.Body {
 // run is one request going through its attempts. It reads top to bottom:
 // do runs the attempts (attempt: dispatch and evidence; decide: the
 // engine and the budget) and ends in end, the one way a run ends: with a
-// response, whose body's end completes the run (complete), or with an
-// error, which completes it at once.
+// response, whose body's end completes the run (finish: Result.Finish,
+// or for a Transport the body's own end), or with an error, which
+// completes it at once.
 type run struct {
 	rn        *Runner
 	req, work *http.Request
@@ -401,8 +428,13 @@ type run struct {
 	order    []string // header field order (Exchange.FieldOrder)
 	bulkhead Bulkhead
 	eps      Endpoints    // Exchange.Endpoints
+	note     string       // Exchange.Note
 	draining func() bool  // Transport.Draining
 	onTrace  func(*Trace) // Transport.OnTrace
+	// bodyEnds: the response body's end (EOF, an error, Close) finishes
+	// the run (Transport: a Go program calls no Finish).
+	bodyEnds bool
+	finished sync.Once
 
 	start      time.Time
 	idempotent bool
@@ -472,6 +504,7 @@ func (r *run) do() Result {
 		Body:       r.kind,
 		Start:      r.start,
 		Attempts:   r.attempts[:0],
+		Note:       r.note,
 	}
 	if req.URL != nil {
 		r.trace.URL = req.URL.String()
@@ -933,14 +966,14 @@ func (r *run) isDraining() bool {
 // retried, so it is never an ambiguous status. Otherwise the run ends
 // with its outcome as an error.
 //
-// A returned response's body completes the run when it is closed or read
-// to its end; an error completes it here.
+// A returned response's run is completed by Result.Finish (a Transport's
+// by the body's end); an error completes it here.
 func (r *run) end(ar *attemptResult, cause error) Result {
 	if ar != nil && ar.resp != nil {
 		resp := ar.resp
 		ar.resp = nil
 		r.respond(resp, ar, r.ledger.AmbiguousStatus)
-		return Result{Response: resp, Trace: &r.trace}
+		return Result{Response: resp, Trace: &r.trace, run: r}
 	}
 	if ar != nil {
 		r.done(ar)
@@ -948,7 +981,7 @@ func (r *run) end(ar *attemptResult, cause error) Result {
 	if r.kept != nil && (r.idempotent || !r.keptAfter) {
 		resp := r.kept
 		r.respond(resp, nil, false)
-		return Result{Response: resp, Trace: &r.trace}
+		return Result{Response: resp, Trace: &r.trace, run: r}
 	}
 	o := r.ledger.Outcome(r.idempotent, false)
 	r.trace.Outcome = o
@@ -960,13 +993,13 @@ func (r *run) end(ar *attemptResult, cause error) Result {
 	} else {
 		err = &Error{Outcome: o, Status: status, Attempts: n, Trace: &r.trace, Err: cause}
 	}
-	r.complete()
+	r.finish(nil)
 	return Result{Err: err, Trace: &r.trace}
 }
 
-// respond gives resp a body that completes the run when it is closed or
-// read to its end; ar is the attempt it came from (nil: a kept response),
-// whose peeked first chunk the body owns from now on.
+// respond gives resp the run's body; ar is the attempt it came from (nil:
+// a kept response), whose peeked first chunk the body owns from now on
+// and which the run's finish releases.
 func (r *run) respond(resp *http.Response, ar *attemptResult, ambiguous bool) {
 	if ambiguous {
 		r.trace.Outcome = engine.OutcomeAmbiguous
@@ -990,8 +1023,30 @@ func (r *run) respond(resp *http.Response, ar *attemptResult, ambiguous bool) {
 		// not when the connection ends, which may be hours later; the
 		// body is the connection, writable, its bytes no attempt's.
 		resp.Body = &upgradedBody{ReadWriteCloser: rw, trace: &r.trace}
-		b.finish()
+		r.finish(nil)
 	}
+}
+
+// finish completes the run once, whoever calls it first (Result.Finish,
+// end for an error, respond for a switch, a Transport's body at its end):
+// a body that broke (bodyErr other than io.EOF) is recorded on the last
+// attempt, the attempt the response came from is released (its bulkhead
+// permit and context), and the run completed. It returns the final trace.
+func (r *run) finish(bodyErr error) *Trace {
+	r.finished.Do(func() {
+		if bodyErr != nil && bodyErr != io.EOF && len(r.trace.Attempts) > 0 {
+			// The body broke after the response was returned: the caller
+			// got the error, nothing is retried.
+			a := &r.trace.Attempts[len(r.trace.Attempts)-1]
+			a.Stage, a.Failure, a.Evidence, a.Err = StageBody, engine.BodyInterrupted, engine.PartialResponse, bodyErr.Error()
+		}
+		if ar := r.body.ar; ar != nil {
+			ar.leave(r.bulkhead)
+			ar.ctx.finish()
+		}
+		r.complete()
+	})
+	return &r.trace
 }
 
 // complete finishes the run: its context is released, its outcome
@@ -1033,7 +1088,9 @@ func (u *upgradedBody) SetReadDeadline(t time.Time) error {
 	return errors.ErrUnsupported
 }
 
-// responseBody is the body of a returned response.
+// responseBody is the body of a returned response. For a Transport its
+// end (EOF, an error, Close) finishes the run; for a Runner the caller's
+// Result.Finish does.
 type responseBody struct {
 	rc      io.ReadCloser
 	peek    []byte
@@ -1041,7 +1098,6 @@ type responseBody struct {
 	peekErr error
 	r       *run
 	ar      *attemptResult
-	once    sync.Once
 }
 
 func (b *responseBody) Read(p []byte) (int, error) {
@@ -1061,45 +1117,20 @@ func (b *responseBody) Read(p []byte) (int, error) {
 	} else {
 		n, err = b.rc.Read(p)
 	}
-	if err != nil {
-		if err != io.EOF {
-			b.interrupted(err)
-		}
-		b.finish()
+	if err != nil && b.r.bodyEnds {
+		b.r.finish(err)
 	}
 	return n, err
-}
-
-// interrupted records a body that broke after the response was returned:
-// the caller gets the error, nothing is retried.
-func (b *responseBody) interrupted(err error) {
-	b.once.Do(func() {
-		tr := &b.r.trace
-		if len(tr.Attempts) > 0 {
-			a := &tr.Attempts[len(tr.Attempts)-1]
-			a.Stage, a.Failure, a.Evidence, a.Err = StageBody, engine.BodyInterrupted, engine.PartialResponse, err.Error()
-		}
-		b.done()
-	})
 }
 
 // Close may run while another goroutine reads (to abort it), so it leaves
 // the peeked chunk alone; its buffer is then left to the collector.
 func (b *responseBody) Close() error {
 	err := b.rc.Close()
-	b.finish()
-	return err
-}
-
-func (b *responseBody) finish() { b.once.Do(b.done) }
-
-// done releases the attempt the response came from and completes the run.
-func (b *responseBody) done() {
-	if b.ar != nil {
-		b.ar.leave(b.r.bulkhead)
-		b.ar.ctx.finish()
+	if b.r.bodyEnds {
+		b.r.finish(nil)
 	}
-	b.r.complete()
+	return err
 }
 
 // TraceOf returns the trace of a response returned by Transport.RoundTrip,
