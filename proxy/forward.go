@@ -45,8 +45,9 @@ const (
 // exchange is one forwarded request on its way upstream, in one
 // allocation: who the upstream is, the one value handed to the retry
 // layer (rx: the outgoing request, its policy, the base transport, the
-// field order, the bulkhead), the upstream URL and request, and the
-// values of the header fields the proxy adds.
+// field order, the bulkhead), the upstream URL and request, the values of
+// the header fields the proxy adds, and what the request holds of its
+// pod's limits until it is answered (release).
 type exchange struct {
 	ID string
 	// Identity is who the upstream is, decided once when the request
@@ -56,6 +57,12 @@ type exchange struct {
 	url      url.URL
 	vals     [2]string
 	req      http.Request // the upstream request (outgoing), in this allocation
+
+	upgrade bool        // the request asks to switch protocols
+	body    *spool.Body // nil: none
+	g       *guard      // the body's hold on the client connection
+	hold    spoolHold   // the body's share of the pod's spool bytes and descriptors
+	slot    bool        // a request slot of the pod's InFlight is held
 }
 
 // Request ids: a random base chosen at start, plus a count, through a
@@ -99,60 +106,124 @@ type target struct {
 
 // handle serves one parsed request and reports whether the connection may
 // carry another. order is its header field names as sent (parseHead).
-// It reads top to bottom: where the request goes (target), who the
-// upstream is and its policy (identify), the body, then one call to the
-// retry layer (Runner.Run, the attempts and the engine's decisions), then
-// the answer (relay or answerFailure).
+// It reads top to bottom: prepare (an exchange, or a refusal), one call to
+// the retry layer (Runner.Run: the attempts and the engine's decisions),
+// then respond (the answer, and the run's end).
 func (c *conn) handle(req *http.Request, order []string, head []byte, start time.Time) bool {
-	cfg := &c.s.cfg
 	id := newRequestID()
-	if cfg.Mode == Transparent && (req.Method == http.MethodConnect || req.URL.IsAbs()) {
-		// The pod speaks to its own forward proxy (HTTP(S)_PROXY): carried
-		// to the original destination as it was sent, without retries.
+	if c.passOn(req, head, id, start) {
+		return false
+	}
+	x, rf := c.prepare(req, order, id, start)
+	defer c.release(x)
+	if rf != nil {
+		c.refused(req, id, start, rf)
+		return false
+	}
+	res := c.s.runner.Run(&x.rx)
+	return c.respond(req, x, res, start)
+}
+
+// passOn serves a request that is not forwarded with retries: a CONNECT
+// (a tunnel), or in transparent mode the pod speaking to its own forward
+// proxy (HTTP(S)_PROXY), carried to the original destination as it was
+// sent. It reports whether it served req (the connection then ends).
+func (c *conn) passOn(req *http.Request, head []byte, id string, start time.Time) bool {
+	switch {
+	case c.s.cfg.Mode == Transparent && (req.Method == http.MethodConnect || req.URL.IsAbs()):
 		c.forwardProxy(req, head, id, start)
-		return false
-	}
-	if req.Method == http.MethodConnect {
+	case req.Method == http.MethodConnect:
 		c.tunnel(req, id, start)
+	default:
 		return false
 	}
+	return true
+}
+
+// refusal is why prepare will not forward a request, and how it is
+// answered (refused).
+type refusal struct {
+	status int // the status of refuse; 0 with no kind below: no answer, the connection ends
+	msg    string
+	// limit: the pod has no room (limitAnswer, 503 not-sent); shutdown:
+	// Shutdown's cut ended the request before any of it went upstream
+	// (shutdownAnswer).
+	limit    int
+	isLimit  bool
+	shutdown bool
+}
+
+// refused answers a request prepare refused.
+func (c *conn) refused(req *http.Request, id string, start time.Time, rf *refusal) {
+	switch {
+	case rf.shutdown:
+		c.shutdownAnswer(req, id, start, rf.msg)
+	case rf.isLimit:
+		c.limitAnswer(req, id, start, rf.limit, rf.msg)
+	case rf.status != 0:
+		c.refuse(req, id, start, rf.status, rf.msg)
+	}
+}
+
+// prepare works out what req means and makes its exchange: where it goes
+// and whether it may (admit), who the upstream is and its retry policy
+// (identity, retryPolicy), the pod's room for it and its body (takeBody),
+// and the one value handed to the retry layer (build). Or it says why the
+// request is refused. What the exchange took of the pod's limits is given
+// back by release, refused or not.
+func (c *conn) prepare(req *http.Request, order []string, id string, start time.Time) (*exchange, *refusal) {
+	x := &exchange{ID: id}
+	tg, shorten, rf := c.admit(req, x)
+	if rf != nil {
+		return x, rf
+	}
+	x.Identity = c.identity(tg)
+	rp := c.retryPolicy(req, x.Identity, shorten)
+	if rf := c.takeBody(req, x, start); rf != nil {
+		return x, rf
+	}
+	return x, c.build(req, x, tg, rp, order)
+}
+
+// admit says where req goes (target) and whether it may go there, and
+// reads the request's own shortening of its deadline (HeaderTimeoutMs).
+func (c *conn) admit(req *http.Request, x *exchange) (tg target, shorten time.Duration, rf *refusal) {
+	cfg := &c.s.cfg
 	tg, err := c.target(req)
 	if err != nil {
-		c.refuse(req, id, start, http.StatusBadRequest, err.Error())
-		return false
+		return tg, 0, &refusal{status: http.StatusBadRequest, msg: err.Error()}
 	}
-	if c.s.cfg.Via != "" && viaLoops(req.Header, c.s.cfg.Via) {
-		c.refuse(req, id, start, http.StatusLoopDetected, "request already went through this proxy (Via)")
-		return false
+	if cfg.Via != "" && viaLoops(req.Header, cfg.Via) {
+		return tg, 0, &refusal{status: http.StatusLoopDetected, msg: "request already went through this proxy (Via)"}
 	}
 	if cfg.Mode == Explicit {
 		if err := c.s.checkTarget(tg.host, tg.port); err != nil {
-			c.refuse(req, id, start, http.StatusForbidden, err.Error())
-			return false
+			return tg, 0, &refusal{status: http.StatusForbidden, msg: err.Error()}
 		}
 	}
 	// A request asking to switch protocols is HTTP until the upstream's
 	// 101: framed, forwarded and answered as any other. Its switch is a
 	// tunnel, so it goes only where a CONNECT may.
-	upgrade := retry.AsksUpgrade(req)
-	if upgrade {
+	x.upgrade = retry.AsksUpgrade(req)
+	if x.upgrade {
 		if err := c.upgradeAllowed(tg); err != nil {
-			c.refuse(req, id, start, http.StatusForbidden, err.Error())
-			return false
+			return tg, 0, &refusal{status: http.StatusForbidden, msg: err.Error()}
 		}
 	}
-	var shorten time.Duration
 	if v := field(req.Header, HeaderTimeoutMs); v != "" {
 		ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || ms <= 0 || ms > 1<<40 {
-			c.refuse(req, id, start, http.StatusBadRequest, "bad "+HeaderTimeoutMs+" "+strconv.Quote(v))
-			return false
+			return tg, 0, &refusal{status: http.StatusBadRequest, msg: "bad " + HeaderTimeoutMs + " " + strconv.Quote(v)}
 		}
 		shorten = time.Duration(ms) * time.Millisecond
 	}
+	return tg, shorten, nil
+}
 
-	// Who the upstream is, decided once: its entry, budget and bulkhead,
-	// and whether its credential may go there.
+// identity decides, once, who the upstream of a request to tg is: its
+// entry, budget and bulkhead, and whether its credential may go there.
+func (c *conn) identity(tg target) Identity {
+	cfg := &c.s.cfg
 	pol := cfg.Policy.Current()
 	var ident Identity
 	byService := false
@@ -165,10 +236,18 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 	if ident.Proof == ProofMismatch {
 		cfg.Metrics.hostMismatch()
 	}
+	return ident
+}
+
+// retryPolicy is the retry policy of req to the upstream ident: its
+// entry's route, the identity's budget, the refresher only where the
+// credential may go, and the deadline shortened by the request. With
+// inject_idempotency_key, it adds a fresh Idempotency-Key to a request
+// that is not idempotent otherwise.
+func (c *conn) retryPolicy(req *http.Request, ident Identity, shorten time.Duration) retry.Policy {
 	up := ident.Upstream
-	path := req.URL.Path
 	hasKey := field(req.Header, policy.IdempotencyKeyHeader) != ""
-	rp := up.RetryPolicy(req.Method, path)
+	rp := up.RetryPolicy(req.Method, req.URL.Path)
 	rp.Upstream = ident.Budget
 	if !ident.Credential {
 		rp.Refresh = nil
@@ -182,84 +261,104 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 			rp.AttemptTimeout = shorten
 		}
 	}
+	return rp
+}
 
-	// The pod's slot for one more request in flight, held until it is
-	// answered.
+// takeBody takes the pod's slot for one more request in flight (held
+// until it is answered), says 100 Continue when the client waits for it,
+// and reads the body: held, spooled or streamed once (spec section 1).
+func (c *conn) takeBody(req *http.Request, x *exchange, start time.Time) *refusal {
+	cfg := &c.s.cfg
 	q := cfg.Quota
 	if !q.takeRequest() {
-		c.limitAnswer(req, id, start, limitInFlight,
-			fmt.Sprintf("this pod is at its limit of %d requests in flight", q.Limits().InFlight))
-		return false
+		return &refusal{isLimit: true, limit: limitInFlight,
+			msg: fmt.Sprintf("this pod is at its limit of %d requests in flight", q.Limits().InFlight)}
 	}
-	defer q.putRequest()
-
-	// The body: held, spooled or streamed once (spec section 1).
+	x.slot = true
 	if field(req.Header, "Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
 		c.c.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
 		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 		if c.bw.Flush() != nil {
-			return false
+			return &refusal{} // the client is gone: nothing to answer
 		}
 	}
-	body, g, hold, err := c.readBody(req, up.Body, start)
-	defer q.putHold(hold)
-	if err != nil {
-		if errors.Is(err, ErrLimit) {
-			c.limitAnswer(req, id, start, limitSpool,
-				fmt.Sprintf("this pod is at its limit of %d request-body bytes held", q.Limits().SpoolBytes))
-		} else if errors.Is(err, ErrNoDescriptors) {
-			c.limitAnswer(req, id, start, limitDescriptors, "egret is out of file descriptors for request bodies")
-		} else if c.s.cut.Load() {
-			c.shutdownAnswer(req, id, start, "egret shut down while the request body was being read")
-		} else if errors.Is(err, os.ErrDeadlineExceeded) {
-			c.refuse(req, id, start, http.StatusRequestTimeout, "request body not received in time")
-		} else if errors.Is(err, h1.ErrMalformed) {
-			c.refuse(req, id, start, http.StatusBadRequest, err.Error())
-		} else if !errors.Is(err, spool.ErrShortBody) {
-			c.refuse(req, id, start, http.StatusInternalServerError, err.Error())
-		}
-		return false
+	var err error
+	x.body, x.g, x.hold, err = c.readBody(req, x.Identity.Upstream.Body, start)
+	if err == nil {
+		return nil
 	}
-	if body != nil {
-		defer body.Release()
+	switch {
+	case errors.Is(err, ErrLimit):
+		return &refusal{isLimit: true, limit: limitSpool,
+			msg: fmt.Sprintf("this pod is at its limit of %d request-body bytes held", q.Limits().SpoolBytes)}
+	case errors.Is(err, ErrNoDescriptors):
+		return &refusal{isLimit: true, limit: limitDescriptors, msg: "egret is out of file descriptors for request bodies"}
+	case c.s.cut.Load():
+		return &refusal{shutdown: true, msg: "egret shut down while the request body was being read"}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &refusal{status: http.StatusRequestTimeout, msg: "request body not received in time"}
+	case errors.Is(err, h1.ErrMalformed):
+		return &refusal{status: http.StatusBadRequest, msg: err.Error()}
+	case errors.Is(err, spool.ErrShortBody):
+		return &refusal{} // the client went before its body's end
 	}
+	return &refusal{status: http.StatusInternalServerError, msg: err.Error()}
+}
 
-	// The one value handed to the retry layer.
-	x := &exchange{ID: id, Identity: ident}
+// build fills the one value handed to the retry layer: the policy, the
+// field order, the bulkhead, the base transport for the upstream's
+// protocol, a Service's endpoints, and the outgoing request.
+func (c *conn) build(req *http.Request, x *exchange, tg target, rp retry.Policy, order []string) *refusal {
+	up := x.Identity.Upstream
 	x.rx.Policy = rp
 	x.rx.FieldOrder = order
-	if b := cfg.Bulkheads.Get(ident.Budget, up.Bulkhead); b != nil {
+	if b := c.s.cfg.Bulkheads.Get(x.Identity.Budget, up.Bulkhead); b != nil {
 		x.rx.Bulkhead = b
 	}
 	proto := up.Protocol
-	if upgrade {
+	if x.upgrade {
 		proto = policy.ProtocolHTTP1
 	}
-	x.rx.Base, err = c.s.bases.get(up, ident.Host, proto)
+	var err error
+	x.rx.Base, err = c.s.bases.get(up, x.Identity.Host, proto)
 	if err != nil {
-		c.refuse(req, id, start, http.StatusBadGateway, err.Error())
-		return false
+		return &refusal{status: http.StatusBadGateway, msg: err.Error()}
 	}
-	x.rx.Endpoints = ident.Endpoints
-	x.rx.Note = ident.ServiceNote
-	x.rx.Request = c.outgoing(req, tg, body, x, upgrade)
-	res := c.s.runner.Run(&x.rx)
+	x.rx.Endpoints = x.Identity.Endpoints
+	x.rx.Note = x.Identity.ServiceNote
+	x.rx.Request = c.outgoing(req, tg, x.body, x, x.upgrade)
+	return nil
+}
+
+// release gives back what x held of the pod's limits once its request is
+// answered (or refused): its body, its spool bytes and descriptor, its
+// request slot.
+func (c *conn) release(x *exchange) {
+	if x.body != nil {
+		x.body.Release()
+	}
+	q := c.s.cfg.Quota
+	q.putHold(x.hold)
+	if x.slot {
+		q.putRequest()
+	}
+}
+
+// respond answers the request with what the run gave (relay, or
+// answerFailure, or for a switch of protocols switched) and ends the run
+// (Result.Finish, inside each). It reports whether the connection may
+// carry another request.
+func (c *conn) respond(req *http.Request, x *exchange, res retry.Result, start time.Time) bool {
+	body := x.body
 	// A one-shot body the upstream has not read to its end leaves the rest
 	// on the connection: answer with Connection: close.
 	keep := !req.Close && !c.s.closing.Load() && (body == nil || body.Done())
 	if res.Err == nil && res.Response.StatusCode == http.StatusSwitchingProtocols {
-		// The base checked that the 101 answers the switch this request
-		// asked for; one that did not (another Runner) is no answer.
-		_, conn := res.Response.Body.(io.ReadWriteCloser)
-		if !upgrade || !conn || req.Close || body != nil && !body.Done() {
-			res.Response.Body.Close()
-			res.Finish(nil)
-			res = retry.Result{Err: &retry.Error{Outcome: engine.OutcomeFailed, Status: http.StatusBadGateway,
-				Attempts: attemptsOf(res.Trace, nil), Trace: res.Trace, Err: errUnaskedSwitch}, Trace: res.Trace}
-		} else {
+		if c.switchAsked(req, x, res) {
 			c.switched(req, x, res, start)
 			return false
 		}
+		res = unaskedSwitch(res)
 	}
 	// Each answer stores the request's trace before the client has the
 	// whole answer: a client that asks for its explanation as soon as it
@@ -274,9 +373,27 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 		// still on the connection; the lingering close drains it, once the
 		// transport has let go of the connection's reader.
 		keep = false
-		g.detach()
+		x.g.detach()
 	}
 	return keep
+}
+
+// switchAsked reports whether a 101 answers the switch req asked for. The
+// base checked that it does; one that did not (another Runner) is no
+// answer, nor is one whose body is not the connection, or one that came
+// before the request's body was all read.
+func (c *conn) switchAsked(req *http.Request, x *exchange, res retry.Result) bool {
+	_, conn := res.Response.Body.(io.ReadWriteCloser)
+	return x.upgrade && conn && !req.Close && (x.body == nil || x.body.Done())
+}
+
+// unaskedSwitch ends the run of a 101 nobody asked for and makes it a
+// failure to answer: 502 failed.
+func unaskedSwitch(res retry.Result) retry.Result {
+	res.Response.Body.Close()
+	tr := res.Finish(nil)
+	return retry.Result{Err: &retry.Error{Outcome: engine.OutcomeFailed, Status: http.StatusBadGateway,
+		Attempts: attemptsOf(tr, nil), Trace: tr, Err: errUnaskedSwitch}, Trace: tr}
 }
 
 // shutdownAnswer answers a request that Shutdown ended before any of it
