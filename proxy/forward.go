@@ -226,7 +226,7 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 
 	// The one value handed to the retry layer.
 	x := &exchange{ID: id, Identity: ident}
-	x.rx.Policy = rp
+	x.rx.Policy = retryPolicy(rp)
 	x.rx.FieldOrder = order
 	if b := cfg.Bulkheads.Get(ident.Budget, up.Bulkhead); b != nil {
 		x.rx.Bulkhead = b
@@ -998,3 +998,20 @@ var (
 	_ io.Reader = (*guard)(nil)
 	_ io.Reader = (*deadlineReader)(nil)
 )
+
+// retryPolicy is the one place the policy file's Retry becomes the attempt
+// runner's Policy.
+func retryPolicy(p policy.Retry) retry.Policy {
+	return retry.Policy{
+		Upstream:          p.Upstream,
+		MaxAttempts:       p.MaxAttempts,
+		Timeout:           p.Timeout,
+		AttemptTimeout:    p.AttemptTimeout,
+		MinAttempt:        p.MinAttempt,
+		Backoff:           p.Backoff,
+		Budget:            p.Budget,
+		TransientStatuses: p.TransientStatuses,
+		Idempotency:       p.Idempotency,
+		Refresh:           p.Refresh,
+	}
+}
