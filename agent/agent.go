@@ -180,9 +180,9 @@ type Config struct {
 // not block for long: a pod's reports are delivered in order from one
 // goroutine, and those that find it behind are dropped.
 type Reporter interface {
-	// Ambiguous: egret could not tell whether request tr of pod ran
+	// Ambiguous: egret could not tell whether request r of pod ran
 	// upstream (and so did not retry it).
-	Ambiguous(pod string, tr retry.Trace)
+	Ambiguous(pod string, r pods.AmbiguousRequest)
 }
 
 // Pod states.

@@ -21,6 +21,7 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/retry"
 )
 
 // podState is one pod's runtime: its namespace, listeners, proxy and
@@ -152,7 +153,7 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 		ps.unwatch = unwatch
 		go func() {
 			for tr := range ch {
-				a.cfg.Reporter.Ambiguous(p.Name, tr)
+				a.cfg.Reporter.Ambiguous(p.Name, ambiguousRequest(&tr))
 			}
 		}()
 	}
@@ -427,4 +428,11 @@ func (pp *podPolicy) Current() *policy.Policy {
 		pp.lastBase, pp.cur = b, o
 	}
 	return pp.cur
+}
+
+// ambiguousRequest is what a pod's Reporter hears of a request answered
+// ambiguous, from its trace.
+func ambiguousRequest(tr *retry.Trace) pods.AmbiguousRequest {
+	return pods.AmbiguousRequest{RequestID: tr.RequestID, Method: tr.Method, URL: tr.URL,
+		Upstream: tr.Upstream, Attempts: len(tr.Attempts)}
 }
