@@ -42,6 +42,7 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/promreg"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
@@ -79,6 +80,9 @@ type Attacher interface {
 	// destinations held.
 	NodeDirectStats() (bpfload.DirectStats, error)
 	LearnedEntries() (int, error)
+	// NodeFlows reads the kernel's counters of the pods' connects left
+	// direct (policy, learned, fail-open), by pod and path.
+	NodeFlows() ([]bpfload.PodFlow, error)
 	// OriginalDstOf looks an accepted connection's original destination
 	// up in the kernel's map, for connections accepted on a listener the
 	// agent adopted (made in an earlier agent's cgroup, where
@@ -335,6 +339,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if a.cfg.Proxy.Tap == nil {
 		a.cfg.Proxy.Tap = proxy.NewTap(0) // one for the node: egret observe
+	}
+	if err := promreg.Register(cfg.Registerer, newFlowCollector(a)); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -913,10 +920,27 @@ type Status struct {
 	Running int       `json:"running"`
 	Failed  int       `json:"failed"`
 	Traces  int       `json:"traces"`
+	// Direct sums the connects the kernel saw the pods make direct (not
+	// proxied by egret); absent when its counters cannot be read.
+	Direct *DirectTotals `json:"direct,omitempty"`
 }
 
 // Status returns the agent's summary.
 func (a *Agent) Status() Status {
+	s := a.status()
+	if flows, err := a.directFlows(); err == nil {
+		var t DirectTotals
+		for _, f := range flows {
+			t.Connects += f.stats.Connects
+			t.SafeToRetry += f.stats.SafeToRetry()
+			t.Ambiguous += f.stats.ResetAfterAck
+		}
+		s.Direct = &t
+	}
+	return s
+}
+
+func (a *Agent) status() Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := Status{Started: a.started, Synced: a.synced, Pods: len(a.pods)}

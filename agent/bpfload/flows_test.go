@@ -206,3 +206,26 @@ func TestFlowFailOpen(t *testing.T) {
 		t.Errorf("flows = %+v", got)
 	}
 }
+
+// The counters are keyed by pod and path, never by destination: a pod
+// refused by 1,000 destinations has one entry per path it used.
+func TestFlowEntriesBoundedByDestinations(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4,
+		ExcludePrefixes: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")}}, "10.77.0.1/32")
+	const n = 1000
+	_, res := bpftest.Socket(t, p.cg, p.ns, bpftest.Op{Kind: "refuseloop", Family: unix.AF_INET, Addr: "10.77.0.1:20000", Count: n})
+	if res.Err != "" {
+		t.Fatal(res.Err)
+	}
+	got, err := e.l.PodFlows(p.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := got[bpfload.PathPolicyCIDR]; f.Connects != n || f.Refused != n || len(got) != 1 {
+		t.Errorf("flows = %+v", got)
+	}
+	if k, err := e.l.FlowEntries(); err != nil || k != 1 {
+		t.Errorf("entries = %d, %v; want 1", k, err)
+	}
+}

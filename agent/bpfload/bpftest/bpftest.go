@@ -194,7 +194,9 @@ func NewNetns(t testing.TB, loAddrs ...string) netns.NsHandle {
 type Op struct {
 	// Kind: "listen", "dial" (TCP), "udp" (connect a UDP socket), or
 	// "connectloop" (Count TCP connects to Addr, each closed at once,
-	// timed; no socket comes back).
+	// timed; no socket comes back), or "refuseloop" (Count TCP connects
+	// to Addr's address and Count consecutive ports from Addr's, each of
+	// which must be refused; no socket comes back).
 	Kind    string
 	Family  int    // unix.AF_INET or unix.AF_INET6
 	Addr    string // address to listen on or dial, "ip:port"
@@ -329,6 +331,9 @@ func childOp(op Op) (int, Result) {
 	var res Result
 	if op.Kind == "connectloop" {
 		return -1, connectLoop(op)
+	}
+	if op.Kind == "refuseloop" {
+		return -1, refuseLoop(op)
 	}
 	typ := unix.SOCK_STREAM
 	if op.Kind == "udp" {
@@ -511,5 +516,33 @@ func connectLoop(op Op) Result {
 		}
 	}
 	res.Nanos = time.Since(start).Nanoseconds()
+	return res
+}
+
+func refuseLoop(op Op) Result {
+	var res Result
+	ap, err := netip.ParseAddrPort(op.Addr)
+	if err != nil || int(ap.Port())+op.Count > 65536 {
+		res.Err = fmt.Sprintf("refuseloop %s x %d: %v", op.Addr, op.Count, err)
+		return res
+	}
+	for i := 0; i < op.Count; i++ {
+		addr, err := sockaddr(op.Family, netip.AddrPortFrom(ap.Addr(), ap.Port()+uint16(i)).String())
+		if err != nil {
+			res.Err = err.Error()
+			return res
+		}
+		fd, err := unix.Socket(op.Family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			res.Err = "socket: " + err.Error()
+			return res
+		}
+		err = unix.Connect(fd, addr)
+		unix.Close(fd)
+		if err != unix.ECONNREFUSED {
+			res.Err = fmt.Sprintf("connect %d: %v, want ECONNREFUSED", i, err)
+			return res
+		}
+	}
 	return res
 }
