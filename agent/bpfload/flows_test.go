@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -214,6 +215,7 @@ func TestFlowEntriesBoundedByDestinations(t *testing.T) {
 	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4,
 		ExcludePrefixes: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")}}, "10.77.0.1/32")
 	const n = 1000
+	before := e.l.FlowsMemlock()
 	_, res := bpftest.Socket(t, p.cg, p.ns, bpftest.Op{Kind: "refuseloop", Family: unix.AF_INET, Addr: "10.77.0.1:20000", Count: n})
 	if res.Err != "" {
 		t.Fatal(res.Err)
@@ -228,4 +230,6 @@ func TestFlowEntriesBoundedByDestinations(t *testing.T) {
 	if k, err := e.l.FlowEntries(); err != nil || k != 1 {
 		t.Errorf("entries = %d, %v; want 1", k, err)
 	}
+	t.Logf("egret_flows memlock: %d B empty, %d B with one pod's path (%d CPUs possible)",
+		before, e.l.FlowsMemlock(), ebpf.MustPossibleCPU())
 }
