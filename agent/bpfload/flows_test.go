@@ -233,3 +233,62 @@ func TestFlowEntriesBoundedByDestinations(t *testing.T) {
 	t.Logf("egret_flows memlock: %d B empty, %d B with one pod's path (%d CPUs possible)",
 		before, e.l.FlowsMemlock(), ebpf.MustPossibleCPU())
 }
+
+// IPv6 connects left direct are counted as IPv4 ones are.
+func TestFlowOutcomesIPv6(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4, Listen6: listen6, ExcludePorts: []uint16{7001}}, "fd00:77::1/128")
+	_, res := bpftest.Socket(t, p.cg, p.ns, bpftest.Op{Kind: "dial", Family: unix.AF_INET6, Addr: "[fd00:77::1]:7001"})
+	if !strings.Contains(res.Err, unix.ECONNREFUSED.Error()) {
+		t.Fatalf("connect: %q, want ECONNREFUSED", res.Err)
+	}
+	got, err := e.l.PodFlows(p.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := got[bpfload.PathPolicyPort]; f.Connects != 1 || f.Refused != 1 || len(got) != 1 {
+		t.Errorf("flows = %+v", got)
+	}
+}
+
+// A connect whose next hop never answers ARP ends, after the kernel's
+// neighbour probes, with EHOSTUNREACH: counted as unreachable.
+func TestFlowUnreachable(t *testing.T) {
+	e := setup(t)
+	p := e.pod(t, "pod-a", bpfload.PodConfig{Listen4: listen4,
+		ExcludePrefixes: []netip.Prefix{netip.MustParsePrefix("10.68.0.0/24")}})
+	h, err := netlink.NewHandleAt(p.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	// A veth pair inside the pod's namespace: the far end is up but owns
+	// no address on the prefix, so nobody answers ARP for 10.68.0.2.
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "egret-near"}, PeerName: "egret-far"}
+	if err := h.LinkAdd(v); err != nil {
+		t.Fatalf("veth: %v", err)
+	}
+	far, err := h.LinkByName("egret-far")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := netlink.ParseAddr("10.68.0.1/24")
+	if err := h.AddrAdd(v, addr); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []netlink.Link{v, far} {
+		if err := h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	failConnect(t, p, bpftest.Op{Addr: "10.68.0.2:80", Timeout: 30 * time.Second}, unix.EHOSTUNREACH)
+	t.Logf("unreachable after %v", time.Since(start).Round(time.Millisecond))
+	got, err := e.l.PodFlows(p.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := got[bpfload.PathPolicyCIDR]; f.Connects != 1 || f.Unreachable != 1 || f.TimedOut != 0 || len(got) != 1 {
+		t.Errorf("flows = %+v", got)
+	}
+}
