@@ -181,7 +181,7 @@ func runAgent(c *cli.Context) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	proxyCfg := proxy.Config{Metrics: pm, AccessLog: access, LogQuery: c.Bool("log-query")}
+	proxyCfg := proxy.Config{Shared: proxy.Shared{Metrics: pm, AccessLog: access, LogQuery: c.Bool("log-query")}}
 	var gone agent.GoneEndpoints
 	if svcs != nil {
 		proxyCfg.Services, gone = svcs, svcs

@@ -158,23 +158,13 @@ func runProxy(c *cli.Context) error {
 	}
 	budgets := engine.NewBudgets()
 	srv, err := proxy.New(proxy.Config{
-		Quota:        proxy.NewQuota(proxy.Limits{}, proxy.NewFDs(int(min(nofile, 1<<30)), 0)),
-		Mode:         proxy.Explicit,
-		Budgets:      budgets,
-		Policy:       src,
-		Witness:      witness.TCPInfo{},
-		Tap:          proxy.NewTap(0),
-		Metrics:      pm,
-		RetryMetrics: rm,
-		Logger:       log,
-		AccessLog:    access,
-		SpoolDir:     c.String("spool-dir"),
-		Via:          "egret",
-		LogQuery:     c.Bool("log-query"),
-		ConnectPorts: connectPorts,
-		Protect:      protect,
-
-		TunnelIdleTimeout: c.Duration("tunnel-idle-timeout"),
+		Quota:    proxy.NewQuota(proxy.Limits{}, proxy.NewFDs(int(min(nofile, 1<<30)), 0)),
+		Mode:     proxy.Explicit,
+		Shared:   proxy.Shared{Budgets: budgets, Witness: witness.TCPInfo{}, Tap: proxy.NewTap(0), Metrics: pm, RetryMetrics: rm, AccessLog: access, SpoolDir: c.String("spool-dir"), Via: "egret", LogQuery: c.Bool("log-query")},
+		Policy:   src,
+		Logger:   log,
+		Bounds:   proxy.Bounds{ConnectPorts: connectPorts, Protect: protect},
+		Timeouts: proxy.Timeouts{TunnelIdleTimeout: c.Duration("tunnel-idle-timeout")},
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)

@@ -132,7 +132,7 @@ func runRun(c *cli.Context) error {
 		Mark:          r.loader.Mark(),
 		Witness:       r.loader.Witness(),
 		Policy:        pol,
-		Proxy:         proxy.Config{AccessLog: access, LogQuery: c.Bool("log-query")},
+		Proxy:         proxy.Config{Shared: proxy.Shared{AccessLog: access, LogQuery: c.Bool("log-query")}},
 		ShutdownGrace: 2 * time.Second,
 		CleanupOnExit: true,
 		Logger:        log,
