@@ -352,7 +352,7 @@ func (a *Agent) SummaryParts() SummaryParts {
 		p.Recent = recentOf(p.Recent, s.name, s.traces)
 	}
 	p.Recent = newestFirst(p.Recent)
-	p.Counts = a.pmetrics.WorkloadCounts()
+	p.Counts = a.shared.Metrics.WorkloadCounts()
 	p.Budgets = a.Upstreams()
 	p.Direct = a.DirectSummaries()
 	return p

@@ -87,7 +87,7 @@ func TestLearnedDirectKeepsRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	n := newNode(t, nodeOpts{proxy: proxy.Config{Metrics: pm},
+	n := newNode(t, nodeOpts{proxy: proxy.Config{Shared: proxy.Shared{Metrics: pm}},
 		logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	p := n.addPod(t, "web", podOpts{})
 	off := n.addPod(t, "nolearn", podOpts{spec: pods.Pod{Learn: pods.Learning{Off: true}}})
