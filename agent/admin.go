@@ -14,6 +14,7 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -251,7 +252,7 @@ type AttemptView struct {
 	IdleBound *IdleBoundView `json:"idle_bound"`
 }
 
-// IdleBoundView is a retry.IdleBound: pooled connections idle LimitMs or
+// IdleBoundView is a attempt.IdleBound: pooled connections idle LimitMs or
 // longer do not carry the request; Source ("keep-alive timeout", "close
 // seen") and SeenMs tell where it was learned.
 type IdleBoundView struct {
@@ -326,7 +327,7 @@ func ViewTrace(tr retry.Trace) TraceView {
 		if at.Upgraded {
 			av.Proof = at.Proof.String()
 		}
-		if b := at.IdleBound; b.Source != retry.IdleBoundNone {
+		if b := at.IdleBound; b.Source != attempt.IdleBoundNone {
 			av.IdleBound = &IdleBoundView{LimitMs: ms(b.Limit), SeenMs: ms(b.Seen), Source: b.Source.String()}
 		}
 		if av.Reason == "" {

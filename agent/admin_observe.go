@@ -35,7 +35,7 @@ type PolicyLookup interface {
 }
 
 // Tap implements Observable: the node's tap, shared by every pod.
-func (a *Agent) Tap() *proxy.Tap { return a.cfg.Proxy.Tap }
+func (a *Agent) Tap() *proxy.Tap { return a.shared.Tap }
 
 // PolicyFor implements PolicyLookup. pod is a pod's name (namespace/name)
 // or, when that is unambiguous, its name alone.

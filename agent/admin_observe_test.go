@@ -25,7 +25,7 @@ func TestObserveStreamTellsLostEvents(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer up.Close()
 	budgets := engine.NewBudgets()
-	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Tap: proxy.NewTap(16)})
+	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Shared: proxy.Shared{Budgets: budgets, Tap: proxy.NewTap(16)}})
 	// The socket listens before anything asks it: no waiting for it.
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	aln, err := net.Listen("unix", sock)

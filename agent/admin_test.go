@@ -27,7 +27,7 @@ import (
 func TestStandaloneAdminAndExplainJSON(t *testing.T) {
 	up := flakyUpstream(t)
 	budgets := engine.NewBudgets()
-	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Witness: witness.TCPInfo{}})
+	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Shared: proxy.Shared{Budgets: budgets, Witness: witness.TCPInfo{}}})
 	ids := flakyAndReset(t, ln, up)
 	h := AdminHandler(&Standalone{Server: srv, Budgets: budgets, Status: ProxyStatus{Mode: "explicit", Listen: ln.Addr().String(), Started: time.Now()}})
 	get := func(path string, v any) int {

@@ -42,6 +42,7 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/internal/promreg"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
@@ -79,6 +80,9 @@ type Attacher interface {
 	// destinations held.
 	NodeDirectStats() (bpfload.DirectStats, error)
 	LearnedEntries() (int, error)
+	// NodeFlows reads the kernel's counters of the pods' connects left
+	// direct (policy, learned, fail-open), by pod and path.
+	NodeFlows() ([]bpfload.PodFlow, error)
 	// OriginalDstOf looks an accepted connection's original destination
 	// up in the kernel's map, for connections accepted on a listener the
 	// agent adopted (made in an earlier agent's cgroup, where
@@ -117,9 +121,12 @@ type Config struct {
 	// Policy is the node's policy (embedded defaults if nil); a pod's own
 	// override is laid over it.
 	Policy proxy.PolicySource
-	// Proxy is the template of every pod's proxy.Config: timeouts and
-	// limits. Mode, Resolver, Policy, Dial, Witness and the shared parts
-	// are set by the agent.
+	// Proxy gives what every pod's proxy is made of alike: its Shared
+	// parts (those not given are made by New, with proxy.NewShared, one
+	// for the node; Witness and FDs are the fields above), Timeouts and
+	// Bounds, each given whole to every pod's proxy.Config. The rest of a
+	// pod's proxy.Config is its own, set by the agent; Proxy.Policy is the
+	// node's when Policy is nil.
 	Proxy proxy.Config
 	// ShutdownGrace is how long in-flight requests of a pod that goes (or
 	// of every pod when Run ends) may take (default 5 s).
@@ -180,9 +187,9 @@ type Config struct {
 // not block for long: a pod's reports are delivered in order from one
 // goroutine, and those that find it behind are dropped.
 type Reporter interface {
-	// Ambiguous: egret could not tell whether request tr of pod ran
+	// Ambiguous: egret could not tell whether request r of pod ran
 	// upstream (and so did not retry it).
-	Ambiguous(pod string, tr retry.Trace)
+	Ambiguous(pod string, r pods.AmbiguousRequest)
 }
 
 // Pod states.
@@ -197,9 +204,9 @@ type Agent struct {
 	log *slog.Logger
 	m   *metrics
 
-	budgets   *engine.Budgets
-	bulkheads *proxy.Bulkheads
-	pmetrics  *proxy.Metrics
+	// shared are the parts every pod's proxy shares (Config.Proxy's, made
+	// by proxy.NewShared).
+	shared proxy.Shared
 
 	drains sync.WaitGroup // pods draining in the background
 
@@ -296,51 +303,31 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	pm := cfg.Proxy.Metrics
-	if pm == nil {
-		if pm, err = proxy.NewMetrics(cfg.Registerer); err != nil {
-			return nil, err
-		}
+	// One set of shared parts for the node: every pod's proxy gets them.
+	cfg.Proxy.Witness, cfg.Proxy.FDs = cfg.Witness, cfg.FDs
+	if cfg.Proxy.Shared, err = proxy.NewShared(cfg.Registerer, cfg.Proxy.Shared); err != nil {
+		return nil, err
 	}
-	if cfg.Proxy.RetryMetrics == nil {
-		if cfg.Proxy.RetryMetrics, err = retry.NewMetrics(cfg.Registerer); err != nil {
-			return nil, err
-		}
+	if cfg.TracesPerPod <= 0 {
+		cfg.TracesPerPod = DefaultTracesPerPod
 	}
 	a := &Agent{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		m:         m,
-		budgets:   cfg.Proxy.Budgets,
-		bulkheads: cfg.Proxy.Bulkheads,
-		pmetrics:  pm,
-		pods:      map[string]*podState{},
+		cfg:           cfg,
+		log:           cfg.Logger,
+		m:             m,
+		shared:        cfg.Proxy.Shared,
+		pods:          map[string]*podState{},
+		podsChanged:   make(chan struct{}),
+		policyApplied: make(chan struct{}),
 	}
-	a.podsChanged = make(chan struct{})
-	a.policyApplied = make(chan struct{})
-	if a.budgets == nil {
-		a.budgets = engine.NewBudgets()
-	}
-	if a.cfg.Proxy.Names == nil {
-		// One resolver cache for the node: every pod's Host names are
-		// proven against egret's resolver, not the pod's.
-		a.cfg.Proxy.Names = &proxy.Names{}
-	}
-	if a.bulkheads == nil {
-		a.bulkheads = proxy.NewBulkheads()
-		a.bulkheads.OnReject = pm.BulkheadRejected
-	}
-	if a.cfg.TracesPerPod <= 0 {
-		a.cfg.TracesPerPod = DefaultTracesPerPod
-	}
-	if a.cfg.Proxy.Tap == nil {
-		a.cfg.Proxy.Tap = proxy.NewTap(0) // one for the node: egret observe
+	if err := promreg.Register(cfg.Registerer, newFlowCollector(a)); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
 
 // Budgets returns the node-wide retry budgets shared by every pod.
-func (a *Agent) Budgets() *engine.Budgets { return a.budgets }
+func (a *Agent) Budgets() *engine.Budgets { return a.shared.Budgets }
 
 // Trace returns the trace of a request by its Egret-Request-Id.
 // The pod whose proxy answered the request is returned with it.
@@ -721,7 +708,7 @@ func (a *Agent) remove(name string) {
 	a.mu.Unlock()
 	if ps != nil {
 		// Once its last request is answered, the pod's series go.
-		a.stopPodThen(ps, true, func() { a.pmetrics.Forget(sourceOf(ps.pod)) })
+		a.stopPodThen(ps, true, func() { a.shared.Metrics.Forget(sourceOf(ps.pod)) })
 		a.log.Info("pod removed", "pod", name)
 	}
 	a.mu.Lock()
@@ -913,10 +900,27 @@ type Status struct {
 	Running int       `json:"running"`
 	Failed  int       `json:"failed"`
 	Traces  int       `json:"traces"`
+	// Direct sums the connects the kernel saw the pods make direct (not
+	// proxied by egret); absent when its counters cannot be read.
+	Direct *DirectTotals `json:"direct,omitempty"`
 }
 
 // Status returns the agent's summary.
 func (a *Agent) Status() Status {
+	s := a.status()
+	if flows, err := a.directFlows(); err == nil {
+		var t DirectTotals
+		for _, f := range flows {
+			t.Connects += f.stats.Connects
+			t.SafeToRetry += f.stats.SafeToRetry()
+			t.Ambiguous += f.stats.ResetAfterAck
+		}
+		s.Direct = &t
+	}
+	return s
+}
+
+func (a *Agent) status() Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := Status{Started: a.started, Synced: a.synced, Pods: len(a.pods)}
@@ -941,7 +945,7 @@ type UpstreamStatus struct {
 
 // Upstreams returns the node-wide budgets of the upstreams in use: those
 // idle past their budget's TTL are forgotten.
-func (a *Agent) Upstreams() []UpstreamStatus { return upstreamsOf(a.budgets) }
+func (a *Agent) Upstreams() []UpstreamStatus { return upstreamsOf(a.shared.Budgets) }
 
 // upstreamsOf lists the budgets of b in use now, by upstream.
 func upstreamsOf(b *engine.Budgets) []UpstreamStatus {

@@ -22,6 +22,7 @@ type Fake struct {
 	self   map[string]bool
 	learnt map[uint64]map[netip.AddrPort]bpfload.DirectProtocol
 	alive  bool
+	flows  []bpfload.PodFlow
 	// Fail, if set, makes AttachPod of that cgroup fail.
 	Fail   map[string]error
 	writes int // AttachPod calls that wrote a config
@@ -170,6 +171,20 @@ func (f *Fake) Learned(podID uint64) map[netip.AddrPort]bpfload.DirectProtocol {
 // NodeDirectStats implements Attacher: a Fake redirects nothing, so it
 // sees no direct connection.
 func (f *Fake) NodeDirectStats() (bpfload.DirectStats, error) { return bpfload.DirectStats{}, nil }
+
+// NodeFlows implements Attacher: what SetFlows gave.
+func (f *Fake) NodeFlows() ([]bpfload.PodFlow, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]bpfload.PodFlow(nil), f.flows...), nil
+}
+
+// SetFlows sets what NodeFlows returns (a Fake's pods make no connects).
+func (f *Fake) SetFlows(flows []bpfload.PodFlow) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.flows = append([]bpfload.PodFlow(nil), flows...)
+}
 
 // LearnedEntries implements Attacher.
 func (f *Fake) LearnedEntries() (int, error) {

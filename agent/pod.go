@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
+	"github.com/egret-proxy/egret/retry"
 )
 
 // podState is one pod's runtime: its namespace, listeners, proxy and
@@ -104,82 +106,19 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	if ps.ns, err = netns.Open(p.Netns); err != nil {
 		return nil, err
 	}
-	port := p.ListenPort
-	if port == 0 {
-		port = a.cfg.ListenPort
-	}
-	l4, l6 := listenAddrs(port)
-	ln4, name4, err := a.listen(ps, "tcp4", l4)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s in %s: %w", l4, ps.ns.Path(), err)
-	}
-	lns := []*acceptListener{newAcceptListener(ln4)}
-	ps.kept = append(ps.kept, name4)
-	ps.listen = []netip.AddrPort{addrPortOf(ln4.Addr())}
-	// IPv6 is optional: a namespace without ::1 (IPv6 disabled) gets
-	// IPv4 redirection only.
-	if ln6, name6, err6 := a.listen(ps, "tcp6", l6); err6 == nil {
-		lns = append(lns, newAcceptListener(ln6))
-		ps.kept = append(ps.kept, name6)
-		ps.listen = append(ps.listen, addrPortOf(ln6.Addr()))
-	} else {
-		a.log.Warn("no IPv6 listener; IPv6 connects go direct", "pod", p.Name, "err", err6)
-	}
-	// Until they are served, the listeners are closed by stop.
-	ps.lns = lns
-
-	ps.policy = newPodPolicy(a.cfg.Policy, p, a.log)
-	pc := a.cfg.Proxy
-	pc.Mode = proxy.Transparent
-	pc.Resolver = bpfResolver{listeners: ps.listen, lookup: a.cfg.Attacher.OriginalDstOf}
-	pc.Policy = ps.policy
-	dialTimeout := pc.DialTimeout
-	if dialTimeout <= 0 {
-		dialTimeout = proxy.DefaultDialTimeout
-	}
-	d := &netns.Dialer{NS: ps.ns, Mark: a.cfg.Mark, Timeout: dialTimeout}
-	pc.Dial = d.DialContext
-	if a.cfg.WrapDial != nil {
-		pc.Dial = a.cfg.WrapDial(p.Name, pc.Dial)
-	}
-	pc.Witness = a.cfg.Witness
-	pc.Budgets = a.budgets
-	pc.Bulkheads = a.bulkheads
-	ps.traces = proxy.NewTraces(a.cfg.TracesPerPod)
-	pc.Traces = ps.traces
-	if a.cfg.Reporter != nil {
-		ch, unwatch := ps.traces.Watch(engine.OutcomeAmbiguous, 64)
-		ps.unwatch = unwatch
-		go func() {
-			for tr := range ch {
-				a.cfg.Reporter.Ambiguous(p.Name, tr)
-			}
-		}()
-	}
-	pc.Metrics = a.pmetrics
-	ps.quota = proxy.NewQuota(a.podLimits(p), a.cfg.FDs)
-	pc.Quota = ps.quota
-	pc.Source = sourceOf(p)
-	pc.Logger = a.log.With("pod", p.Name)
-	ps.learner = &podLearner{att: a.cfg.Attacher}
-	ps.learner.ttl.Store(int64(ps.learnTTL(p)))
-	pc.Learner = ps.learner
-	srv, err := proxy.New(pc)
-	if err != nil {
+	if err := a.openListeners(ps, p); err != nil {
 		return nil, err
 	}
-	ps.srv = srv
-	for _, l := range lns {
-		ps.served.Add(1)
-		go func() {
-			defer ps.served.Done()
-			// The listener is closed when the pod stops (before the
-			// server drains): that is the normal end too.
-			if err := srv.Serve(l); err != nil && !errors.Is(err, proxy.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
-				a.log.Error("serve", "pod", p.Name, "listener", l.Addr().String(), "err", err)
-			}
-		}()
+	ps.policy = newPodPolicy(a.cfg.Policy, p, a.log)
+	ps.traces = proxy.NewTraces(a.cfg.TracesPerPod)
+	a.reportAmbiguous(ps, p)
+	ps.quota = proxy.NewQuota(a.podLimits(p), a.cfg.FDs)
+	ps.learner = &podLearner{att: a.cfg.Attacher}
+	ps.learner.ttl.Store(int64(ps.learnTTL(p)))
+	if ps.srv, err = proxy.New(a.podProxy(ps, p)); err != nil {
+		return nil, err
 	}
+	a.serve(ps)
 	// Attach last: from now on the pod's connects come to a ready proxy.
 	ps.applied = ps.direct()
 	if ps.cgid, err = a.cfg.Attacher.AttachPod(p.Cgroup, a.kernelConfig(ps, p)); err != nil {
@@ -187,6 +126,94 @@ func (a *Agent) newPod(p pods.Pod) (_ *podState, err error) {
 	}
 	ps.learner.id.Store(ps.cgid)
 	return ps, nil
+}
+
+// podProxy is the Config of pod p's proxy: the pod's own parts, and the
+// node's Shared parts, Timeouts and Bounds (Config.Proxy), whole.
+func (a *Agent) podProxy(ps *podState, p pods.Pod) proxy.Config {
+	return proxy.Config{
+		Mode:     proxy.Transparent,
+		Resolver: bpfResolver{listeners: ps.listen, lookup: a.cfg.Attacher.OriginalDstOf},
+		Policy:   ps.policy,
+		Dial:     a.podDial(ps.ns, p),
+		Source:   sourceOf(p),
+		Logger:   a.log.With("pod", p.Name),
+		Traces:   ps.traces,
+		Learner:  ps.learner,
+		Quota:    ps.quota,
+		Shared:   a.shared,
+		Timeouts: a.cfg.Proxy.Timeouts,
+		Bounds:   a.cfg.Proxy.Bounds,
+	}
+}
+
+// podDial dials from the pod's network namespace, with egret's mark.
+func (a *Agent) podDial(ns *netns.NS, p pods.Pod) proxy.DialFunc {
+	timeout := a.cfg.Proxy.DialTimeout
+	if timeout <= 0 {
+		timeout = proxy.DefaultDialTimeout
+	}
+	d := &netns.Dialer{NS: ns, Mark: a.cfg.Mark, Timeout: timeout}
+	if a.cfg.WrapDial != nil {
+		return a.cfg.WrapDial(p.Name, d.DialContext)
+	}
+	return d.DialContext
+}
+
+// openListeners opens the pod's listeners in its namespace (or adopts
+// those kept for it): IPv4, and IPv6 where the namespace has it. Until they
+// are served, they are closed by stop.
+func (a *Agent) openListeners(ps *podState, p pods.Pod) error {
+	port := cmp.Or(p.ListenPort, a.cfg.ListenPort)
+	l4, l6 := listenAddrs(port)
+	ln4, name4, err := a.listen(ps, "tcp4", l4)
+	if err != nil {
+		return fmt.Errorf("listen %s in %s: %w", l4, ps.ns.Path(), err)
+	}
+	ps.lns = []*acceptListener{newAcceptListener(ln4)}
+	ps.kept = append(ps.kept, name4)
+	ps.listen = []netip.AddrPort{addrPortOf(ln4.Addr())}
+	// IPv6 is optional: a namespace without ::1 (IPv6 disabled) gets
+	// IPv4 redirection only.
+	if ln6, name6, err6 := a.listen(ps, "tcp6", l6); err6 == nil {
+		ps.lns = append(ps.lns, newAcceptListener(ln6))
+		ps.kept = append(ps.kept, name6)
+		ps.listen = append(ps.listen, addrPortOf(ln6.Addr()))
+	} else {
+		a.log.Warn("no IPv6 listener; IPv6 connects go direct", "pod", p.Name, "err", err6)
+	}
+	return nil
+}
+
+// reportAmbiguous delivers the pod's ambiguous answers to the Reporter,
+// if there is one, until ps.unwatch.
+func (a *Agent) reportAmbiguous(ps *podState, p pods.Pod) {
+	if a.cfg.Reporter == nil {
+		return
+	}
+	ch, unwatch := ps.traces.Watch(engine.OutcomeAmbiguous, 64)
+	ps.unwatch = unwatch
+	go func() {
+		for tr := range ch {
+			a.cfg.Reporter.Ambiguous(p.Name, ambiguousRequest(&tr))
+		}
+	}()
+}
+
+// serve serves the pod's listeners with its proxy, each until it closes.
+func (a *Agent) serve(ps *podState) {
+	name := ps.pod.Name
+	for _, l := range ps.lns {
+		ps.served.Add(1)
+		go func() {
+			defer ps.served.Done()
+			// The listener is closed when the pod stops (before the
+			// server drains): that is the normal end too.
+			if err := ps.srv.Serve(l); err != nil && !errors.Is(err, proxy.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+				a.log.Error("serve", "pod", name, "listener", l.Addr().String(), "err", err)
+			}
+		}()
+	}
 }
 
 // checkCgroup refuses a pod whose cgroup is another pod's (removing
@@ -427,4 +454,11 @@ func (pp *podPolicy) Current() *policy.Policy {
 		pp.lastBase, pp.cur = b, o
 	}
 	return pp.cur
+}
+
+// ambiguousRequest is what a pod's Reporter hears of a request answered
+// ambiguous, from its trace.
+func ambiguousRequest(tr *retry.Trace) pods.AmbiguousRequest {
+	return pods.AmbiguousRequest{RequestID: tr.RequestID, Method: tr.Method, URL: tr.URL,
+		Upstream: tr.Upstream, Attempts: len(tr.Attempts)}
 }

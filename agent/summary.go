@@ -26,6 +26,9 @@ type Summary struct {
 	// Recent are the latest ambiguous and not-sent requests still held
 	// for explain, newest first (at most RecentLimit).
 	Recent []RecentRequest `json:"recent"`
+	// Direct are the connects the kernel saw pods make direct (egret
+	// did not proxy them), by pod and path, with how they failed.
+	Direct []DirectSummary `json:"direct"`
 }
 
 // Counts are a pod's or an upstream's requests since its series began
@@ -118,6 +121,7 @@ type SummaryParts struct {
 	Counts  []proxy.WorkloadCounts
 	Budgets []UpstreamStatus
 	Recent  []RecentRequest
+	Direct  []DirectSummary
 }
 
 // Summarizer makes Summaries of a source, keeping the samples its rates
@@ -150,6 +154,10 @@ func (s *Summarizer) Summary(now time.Time) Summary {
 	out := Summary{Time: now, Pods: []PodSummary{}, Upstreams: []UpstreamSummary{}, Flows: []FlowSummary{}, Recent: parts.Recent}
 	if out.Recent == nil {
 		out.Recent = []RecentRequest{}
+	}
+	out.Direct = parts.Direct
+	if out.Direct == nil {
+		out.Direct = []DirectSummary{}
 	}
 	pods := map[podKey]*PodSummary{}
 	for _, p := range parts.Pods {
@@ -344,8 +352,9 @@ func (a *Agent) SummaryParts() SummaryParts {
 		p.Recent = recentOf(p.Recent, s.name, s.traces)
 	}
 	p.Recent = newestFirst(p.Recent)
-	p.Counts = a.pmetrics.WorkloadCounts()
+	p.Counts = a.shared.Metrics.WorkloadCounts()
 	p.Budgets = a.Upstreams()
+	p.Direct = a.DirectSummaries()
 	return p
 }
 

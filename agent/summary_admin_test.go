@@ -23,7 +23,7 @@ func TestStandaloneSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	budgets := engine.NewBudgets()
-	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Budgets: budgets, Witness: witness.TCPInfo{}, Metrics: pm})
+	srv, ln := serveProxy(t, proxy.Config{Mode: proxy.Explicit, Shared: proxy.Shared{Budgets: budgets, Witness: witness.TCPInfo{}, Metrics: pm}})
 	ids := flakyAndReset(t, ln, up)
 	h := AdminHandler(&Standalone{Server: srv, Budgets: budgets, Status: ProxyStatus{Mode: "explicit", Started: time.Now()}})
 	rec := httptest.NewRecorder()

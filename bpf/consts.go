@@ -35,3 +35,12 @@ const (
 // program at level SOL_IP (IPv4 sockaddr) and SOL_IPV6 (IPv6 sockaddr),
 // the same numbers as netfilter's SO_ORIGINAL_DST / IP6T_SO_ORIGINAL_DST.
 const SOOriginalDst = 80
+
+// Paths of direct pod connections (EgretFlowKey.Path): why connect4/6 left
+// the connect alone.
+const (
+	PathPolicyPort = 1
+	PathPolicyCIDR = 2
+	PathLearned    = 3
+	PathFailOpen   = 4
+)

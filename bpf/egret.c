@@ -19,8 +19,12 @@
 
 #include "egret.h"
 
-struct sock;
 struct sk_buff;
+
+/* Only sk_err is read (CO-RE relocated): why a connect ended. */
+struct sock {
+	int sk_err;
+} __attribute__((preserve_access_index));
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -29,7 +33,13 @@ struct sk_buff;
 #define SOL_IP 0
 #define SOL_IPV6 41
 #define SO_ORIGINAL_DST 80 /* also IP6T_SO_ORIGINAL_DST */
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_SENT 2
 #define TCP_CLOSE 7
+#define ENETUNREACH 101
+#define ETIMEDOUT 110
+#define ECONNREFUSED 111
+#define EHOSTUNREACH 113
 #define MAX_CGROUP_LEVEL 32
 
 /* Minimal kernel struct for CO-RE reads from tp_btf programs. Only the
@@ -148,6 +158,26 @@ struct {
 	__type(value, struct direct_stats);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egret_direct_stats SEC(".maps");
+
+/* Flow outcomes of the connects connect4/6 left direct (flow_stats), per pod
+ * and path. Per-CPU: no shared cache line on the connect path. 4096 pods
+ * times EGRET_PATH_MAX paths; allocated as pods use them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096 * EGRET_PATH_MAX);
+	__type(key, struct flow_key);
+	__type(value, struct flow_stats);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct flow_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egret_flow_sk SEC(".maps");
 
 /* The running agent's liveness: one socket of the agent's own
  * (bpfload.Loader.SetAlive), never handed to anyone else. The kernel takes a
@@ -380,6 +410,39 @@ static __always_inline struct direct_stats *direct_stats(__u64 cgid)
 	return bpf_map_lookup_elem(&egret_direct_stats, &cgid);
 }
 
+/* flow_mark: connect4/6 leave this connect direct for path; the tp_btf
+ * programs count what becomes of it in egret_flows. */
+static __always_inline int flow_mark(struct bpf_sock_addr *ctx, __u64 cgid, __u32 path)
+{
+	struct flow_sock *fs;
+
+	if (!ctx->sk)
+		return 1;
+	fs = bpf_sk_storage_get(&egret_flow_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (fs) {
+		fs->cgroup_id = cgid;
+		fs->path = path;
+		fs->flags = 0;
+		fs->acked_base = 0;
+	}
+	return 1;
+}
+
+static __always_inline struct flow_stats *flow_stats(struct flow_sock *fs)
+{
+	struct flow_key k = {
+		.cgroup_id = fs->cgroup_id,
+		.path = fs->path,
+	};
+	struct flow_stats zero = {};
+	struct flow_stats *st = bpf_map_lookup_elem(&egret_flows, &k);
+
+	if (st)
+		return st;
+	bpf_map_update_elem(&egret_flows, &k, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&egret_flows, &k);
+}
+
 /* ---- redirection ---- */
 
 /* redirectable: a TCP connect from a socket that is not egret's own (UDP and
@@ -412,14 +475,14 @@ int egret_connect4(struct bpf_sock_addr *ctx)
 	if (loopback4(dst) && !(pc->flags & EGRET_POD_REDIRECT_LOOPBACK))
 		return 1;
 	if (port_excluded(pc, port))
-		return 1;
+		return flow_mark(ctx, cgid, EGRET_PATH_POLICY_PORT);
 	map4(a, dst);
 	if (addr_excluded(cgid, a))
-		return 1;
+		return flow_mark(ctx, cgid, EGRET_PATH_POLICY_CIDR);
 	if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
-		return 1;
+		return flow_mark(ctx, cgid, EGRET_PATH_LEARNED);
 	if (!agent_alive() || !listener4_alive(ctx, pc))
-		return 1;
+		return flow_mark(ctx, cgid, EGRET_PATH_FAIL_OPEN);
 	if (!remember(ctx, cgid, a, port, AF_INET))
 		return 1; /* no place to keep the original: leave it alone */
 
@@ -456,12 +519,14 @@ int egret_connect6(struct bpf_sock_addr *ctx)
 			return 1;
 		if (loopback4(a[3]) && !(pc->flags & EGRET_POD_REDIRECT_LOOPBACK))
 			return 1;
-		if (port_excluded(pc, port) || addr_excluded(cgid, a))
-			return 1;
+		if (port_excluded(pc, port))
+			return flow_mark(ctx, cgid, EGRET_PATH_POLICY_PORT);
+		if (addr_excluded(cgid, a))
+			return flow_mark(ctx, cgid, EGRET_PATH_POLICY_CIDR);
 		if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
-			return 1;
+			return flow_mark(ctx, cgid, EGRET_PATH_LEARNED);
 		if (!agent_alive() || !listener4_alive(ctx, pc))
-			return 1;
+			return flow_mark(ctx, cgid, EGRET_PATH_FAIL_OPEN);
 		if (!remember(ctx, cgid, a, port, AF_INET))
 			return 1;
 		ctx->user_ip6[3] = pc->listen_ip4;
@@ -477,12 +542,14 @@ int egret_connect6(struct bpf_sock_addr *ctx)
 		return 1;
 	if (loopback6(a) && !(pc->flags & EGRET_POD_REDIRECT_LOOPBACK))
 		return 1;
-	if (port_excluded(pc, port) || addr_excluded(cgid, a))
-		return 1;
+	if (port_excluded(pc, port))
+		return flow_mark(ctx, cgid, EGRET_PATH_POLICY_PORT);
+	if (addr_excluded(cgid, a))
+		return flow_mark(ctx, cgid, EGRET_PATH_POLICY_CIDR);
 	if (!(pc->flags & EGRET_POD_NO_LEARN) && learned_direct(ctx, cgid, a, port))
-		return 1;
+		return flow_mark(ctx, cgid, EGRET_PATH_LEARNED);
 	if (!agent_alive() || !listener6_alive(ctx, pc))
-		return 1;
+		return flow_mark(ctx, cgid, EGRET_PATH_FAIL_OPEN);
 	if (!remember(ctx, cgid, a, port, AF_INET6))
 		return 1;
 	ctx->user_ip6[0] = pc->listen_ip6[0];
@@ -753,13 +820,64 @@ static __always_inline void tp_refresh(struct witness_rec *r, struct sock *sk)
 	r->snd_nxt = tp->snd_nxt;
 }
 
+/* flow_state: a direct pod socket changed state. Connects are counted as the
+ * SYN goes (CLOSE -> SYN_SENT); a connect that ends in SYN_SENT is classed
+ * by the error the kernel gives the pod (set before the state changes). */
+static __always_inline void flow_state(struct flow_sock *fs, struct sock *sk, int oldstate,
+				       int newstate)
+{
+	struct flow_stats *st = flow_stats(fs);
+	struct tcp_sock *tp;
+	int err;
+
+	if (!st)
+		return;
+	if (newstate == TCP_SYN_SENT) {
+		fs->flags = 0;
+		__sync_fetch_and_add(&st->connects, 1);
+		return;
+	}
+	if (oldstate == TCP_SYN_SENT && newstate == TCP_ESTABLISHED) {
+		fs->flags |= EGRET_FLOW_ESTABLISHED;
+		tp = bpf_skc_to_tcp_sock(sk);
+		fs->acked_base = tp ? tp->bytes_acked : 0;
+		__sync_fetch_and_add(&st->established, 1);
+		return;
+	}
+	if (newstate != TCP_CLOSE)
+		return;
+	if (fs->flags & EGRET_FLOW_ESTABLISHED) {
+		tp = bpf_skc_to_tcp_sock(sk);
+		if (tp)
+			__sync_fetch_and_add(&st->segs_out, tp->data_segs_out);
+		return;
+	}
+	if (oldstate != TCP_SYN_SENT || (fs->flags & EGRET_FLOW_ENDED))
+		return;
+	fs->flags |= EGRET_FLOW_ENDED;
+	err = sk->sk_err;
+	if (err == ECONNREFUSED)
+		__sync_fetch_and_add(&st->refused, 1);
+	else if (err == ETIMEDOUT)
+		__sync_fetch_and_add(&st->timed_out, 1);
+	else if (err == EHOSTUNREACH || err == ENETUNREACH)
+		__sync_fetch_and_add(&st->unreachable, 1);
+	else
+		__sync_fetch_and_add(&st->abandoned, 1);
+}
+
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(egret_set_state, struct sock *sk, int oldstate, int newstate)
 {
 	struct witness_rec *r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+	struct flow_sock *fs;
 
-	if (!r)
+	if (!r) {
+		fs = bpf_sk_storage_get(&egret_flow_sk, sk, 0, 0);
+		if (fs)
+			flow_state(fs, sk, oldstate, newstate);
 		return 0;
+	}
 	r->state = newstate;
 	tp_refresh(r, sk);
 	emit(r, EGRET_EV_STATE, oldstate, newstate);
@@ -772,8 +890,24 @@ int BPF_PROG(egret_rx_reset, struct sock *sk)
 	struct witness_rec *r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
 	struct direct_sock *ds;
 	struct direct_stats *dst;
+	struct flow_sock *fs;
+	struct flow_stats *st;
+	struct tcp_sock *tp;
 
 	if (!r) {
+		fs = bpf_sk_storage_get(&egret_flow_sk, sk, 0, 0);
+		/* A reset in SYN_SENT is a refusal, counted at close. */
+		if (fs && (fs->flags & EGRET_FLOW_ESTABLISHED) && !(fs->flags & EGRET_FLOW_ENDED)) {
+			fs->flags |= EGRET_FLOW_ENDED;
+			st = flow_stats(fs);
+			tp = bpf_skc_to_tcp_sock(sk);
+			if (st && tp) {
+				if (tp->bytes_acked > fs->acked_base)
+					__sync_fetch_and_add(&st->reset_after_ack, 1);
+				else
+					__sync_fetch_and_add(&st->reset_before_ack, 1);
+			}
+		}
 		ds = bpf_sk_storage_get(&egret_direct_sk, sk, 0, 0);
 		if (!ds)
 			return 0;
@@ -794,9 +928,18 @@ SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(egret_retransmit, struct sock *sk, struct sk_buff *skb)
 {
 	struct witness_rec *r = bpf_sk_storage_get(&egret_witness, sk, 0, 0);
+	struct flow_sock *fs;
+	struct flow_stats *st;
 
-	if (!r)
+	if (!r) {
+		fs = bpf_sk_storage_get(&egret_flow_sk, sk, 0, 0);
+		if (fs) {
+			st = flow_stats(fs);
+			if (st)
+				__sync_fetch_and_add(&st->retransmits, 1);
+		}
 		return 0;
+	}
 	tp_refresh(r, sk);
 	emit(r, EGRET_EV_RETRANSMIT, r->state, r->state);
 	return 0;

@@ -115,6 +115,52 @@ struct direct_stats {
 	__u64 bytes_received; /* received, summed at close */
 };
 
+/* Flow outcomes of the pod connections egret does not proxy.
+ * flow_key.path: why connect4/6 left the connect alone. */
+#define EGRET_PATH_POLICY_PORT 1 /* port in the pod's excluded-port bitmap */
+#define EGRET_PATH_POLICY_CIDR 2 /* address in one of the pod's excluded CIDRs */
+#define EGRET_PATH_LEARNED 3     /* learned direct (egret_direct) */
+#define EGRET_PATH_FAIL_OPEN 4   /* no agent or no listener: failed open */
+#define EGRET_PATH_MAX 4
+
+/* Key of egret_flows (per-CPU hash): one pod and one path. */
+struct flow_key {
+	__u64 cgroup_id; /* the pod's cgroup (the one with a pod_config) */
+	__u32 path;      /* EGRET_PATH_* */
+	__u32 pad;
+};
+
+/* What the kernel saw of one pod's direct connections on one path, per CPU
+ * (user space sums the CPUs). Counters only grow. Each connection ends in
+ * at most one of refused / timed_out / unreachable / abandoned /
+ * reset_before_ack / reset_after_ack. */
+struct flow_stats {
+	__u64 connects;         /* SYN sent (CLOSE -> SYN_SENT) */
+	__u64 established;      /* handshake completed */
+	__u64 refused;          /* closed in SYN_SENT with ECONNREFUSED (RST or ICMP port unreachable) */
+	__u64 timed_out;        /* closed in SYN_SENT with ETIMEDOUT: SYN retries exhausted */
+	__u64 unreachable;      /* closed in SYN_SENT with EHOSTUNREACH / ENETUNREACH */
+	__u64 abandoned;        /* closed in SYN_SENT otherwise (the pod gave up first) */
+	__u64 reset_before_ack; /* RST after the handshake, none of our bytes acked */
+	__u64 reset_after_ack;  /* RST after some of our bytes were acked */
+	__u64 retransmits;      /* retransmitted segments, SYNs included */
+	__u64 segs_out;         /* data segments sent, summed at close */
+};
+
+/* flow_sock.flags */
+#define EGRET_FLOW_ESTABLISHED (1U << 0)
+#define EGRET_FLOW_ENDED (1U << 1) /* its outcome is counted */
+
+/* Per-socket storage on a pod socket connect4/6 left direct. */
+struct flow_sock {
+	__u64 cgroup_id;
+	__u32 path;
+	__u32 flags;
+	/* tcp_sock.bytes_acked when the handshake completed (the SYN counts
+	 * as one byte there): more at a reset means some of ours were acked. */
+	__u64 acked_base;
+};
+
 /* witness_rec.flags */
 #define EGRET_WITNESS_COMPLETE (1U << 0) /* tracked from before the SYN */
 

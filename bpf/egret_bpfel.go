@@ -68,6 +68,35 @@ type EgretExclKey struct {
 	Addr      [4]uint32
 }
 
+type EgretFlowKey struct {
+	_        structs.HostLayout
+	CgroupId uint64
+	Path     uint32
+	Pad      uint32
+}
+
+type EgretFlowSock struct {
+	_         structs.HostLayout
+	CgroupId  uint64
+	Path      uint32
+	Flags     uint32
+	AckedBase uint64
+}
+
+type EgretFlowStats struct {
+	_              structs.HostLayout
+	Connects       uint64
+	Established    uint64
+	Refused        uint64
+	TimedOut       uint64
+	Unreachable    uint64
+	Abandoned      uint64
+	ResetBeforeAck uint64
+	ResetAfterAck  uint64
+	Retransmits    uint64
+	SegsOut        uint64
+}
+
 type EgretGlobals struct {
 	_     structs.HostLayout
 	Mark  uint32
@@ -144,6 +173,8 @@ const (
 	EgretMapEgretDirectStats = "egret_direct_stats"
 	EgretMapEgretEvents      = "egret_events"
 	EgretMapEgretExcl        = "egret_excl"
+	EgretMapEgretFlowSk      = "egret_flow_sk"
+	EgretMapEgretFlows       = "egret_flows"
 	EgretMapEgretGlobals     = "egret_globals"
 	EgretMapEgretPods        = "egret_pods"
 	EgretMapEgretRedirSk     = "egret_redir_sk"
@@ -221,6 +252,8 @@ type EgretMapSpecs struct {
 	EgretDirectStats *ebpf.MapSpec `ebpf:"egret_direct_stats"`
 	EgretEvents      *ebpf.MapSpec `ebpf:"egret_events"`
 	EgretExcl        *ebpf.MapSpec `ebpf:"egret_excl"`
+	EgretFlowSk      *ebpf.MapSpec `ebpf:"egret_flow_sk"`
+	EgretFlows       *ebpf.MapSpec `ebpf:"egret_flows"`
 	EgretGlobals     *ebpf.MapSpec `ebpf:"egret_globals"`
 	EgretPods        *ebpf.MapSpec `ebpf:"egret_pods"`
 	EgretRedirSk     *ebpf.MapSpec `ebpf:"egret_redir_sk"`
@@ -260,6 +293,8 @@ type EgretMaps struct {
 	EgretDirectStats *ebpf.Map `ebpf:"egret_direct_stats"`
 	EgretEvents      *ebpf.Map `ebpf:"egret_events"`
 	EgretExcl        *ebpf.Map `ebpf:"egret_excl"`
+	EgretFlowSk      *ebpf.Map `ebpf:"egret_flow_sk"`
+	EgretFlows       *ebpf.Map `ebpf:"egret_flows"`
 	EgretGlobals     *ebpf.Map `ebpf:"egret_globals"`
 	EgretPods        *ebpf.Map `ebpf:"egret_pods"`
 	EgretRedirSk     *ebpf.Map `ebpf:"egret_redir_sk"`
@@ -275,6 +310,8 @@ func (m *EgretMaps) Close() error {
 		m.EgretDirectStats,
 		m.EgretEvents,
 		m.EgretExcl,
+		m.EgretFlowSk,
+		m.EgretFlows,
 		m.EgretGlobals,
 		m.EgretPods,
 		m.EgretRedirSk,

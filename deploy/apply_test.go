@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,6 +49,8 @@ func create(ctx context.Context, c kubernetes.Interface, obj runtime.Object) (ru
 		return c.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, opts)
 	case *appsv1.DaemonSet:
 		return c.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
+	case *networkingv1.NetworkPolicy:
+		return c.NetworkingV1().NetworkPolicies(o.Namespace).Create(ctx, o, opts)
 	}
 	return nil, fmt.Errorf("no client for %T", obj)
 }
@@ -76,6 +79,8 @@ func get(ctx context.Context, c kubernetes.Interface, obj runtime.Object) (runti
 		return c.RbacV1().RoleBindings(ns).Get(ctx, name, opts)
 	case *appsv1.DaemonSet:
 		return c.AppsV1().DaemonSets(ns).Get(ctx, name, opts)
+	case *networkingv1.NetworkPolicy:
+		return c.NetworkingV1().NetworkPolicies(ns).Get(ctx, name, opts)
 	}
 	return nil, fmt.Errorf("no client for %T", obj)
 }

@@ -81,8 +81,12 @@ defaults:
 		t.Run(mode.String(), func(t *testing.T) {
 			flips.Store(0)
 			var buf syncBuffer
-			p := startProxy(t, Config{Mode: Explicit, Policy: pol, AccessLog: mode,
-				Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+			p := startProxy(t, Config{
+				Mode:   Explicit,
+				Policy: pol,
+				Shared: Shared{AccessLog: mode},
+				Logger: slog.New(slog.NewJSONHandler(&buf, nil)),
+			})
 			for _, r := range reqs {
 				target := up.url(r.path)
 				if strings.HasPrefix(r.path, "http") {

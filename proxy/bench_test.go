@@ -70,7 +70,7 @@ func benchOn(b *testing.B, addr, up, method, body string) {
 // once it has parked (ParkAfter 10 ms), and the goroutines it holds.
 func BenchmarkIdleConnMemory(b *testing.B) {
 	up := startUpstreamB(b)
-	s, err := New(Config{ParkAfter: 10 * time.Millisecond})
+	s, err := New(Config{Timeouts: Timeouts{ParkAfter: 10 * time.Millisecond}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func benchProxySide(b *testing.B, log *slog.Logger) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(Config{Runner: cannedRunner{}, Logger: log, Metrics: m, Via: "egret"})
+	s, err := New(Config{Runner: cannedRunner{}, Logger: log, Shared: Shared{Metrics: m, Via: "egret"}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func TestBodiesBySize(t *testing.T) {
 	rec := &flakyRecorder{bodies: map[string][]string{}}
 	up := startUpstream(t, rec.handler)
 	spoolDir := t.TempDir()
-	p := startProxy(t, Config{Policy: mustPolicy(t, smallBodies), SpoolDir: spoolDir})
+	p := startProxy(t, Config{Policy: mustPolicy(t, smallBodies), Shared: Shared{SpoolDir: spoolDir}})
 	cases := []struct {
 		size     int
 		chunked  bool

@@ -167,7 +167,7 @@ func (c *conn) refused(req *http.Request, id string, start time.Time, rf *refusa
 
 // prepare works out what req means and makes its exchange: where it goes
 // and whether it may (admit), who the upstream is and its retry policy
-// (identity, retryPolicy), the pod's room for it and its body (takeBody),
+// (identity, routePolicy), the pod's room for it and its body (takeBody),
 // and the one value handed to the retry layer (build). Or it says why the
 // request is refused. What the exchange took of the pod's limits is given
 // back by release, refused or not.
@@ -178,7 +178,7 @@ func (c *conn) prepare(req *http.Request, order []string, id string, start time.
 		return x, rf
 	}
 	x.Identity = c.identity(tg)
-	rp := c.retryPolicy(req, x.Identity, shorten)
+	rp := c.routePolicy(req, x.Identity, shorten)
 	if rf := c.takeBody(req, x, start); rf != nil {
 		return x, rf
 	}
@@ -239,12 +239,12 @@ func (c *conn) identity(tg target) Identity {
 	return ident
 }
 
-// retryPolicy is the retry policy of req to the upstream ident: its
+// routePolicy is the retry policy of req to the upstream ident: its
 // entry's route, the identity's budget, the refresher only where the
 // credential may go, and the deadline shortened by the request. With
 // inject_idempotency_key, it adds a fresh Idempotency-Key to a request
 // that is not idempotent otherwise.
-func (c *conn) retryPolicy(req *http.Request, ident Identity, shorten time.Duration) retry.Policy {
+func (c *conn) routePolicy(req *http.Request, ident Identity, shorten time.Duration) policy.Retry {
 	up := ident.Upstream
 	hasKey := field(req.Header, policy.IdempotencyKeyHeader) != ""
 	rp := up.RetryPolicy(req.Method, req.URL.Path)
@@ -308,9 +308,9 @@ func (c *conn) takeBody(req *http.Request, x *exchange, start time.Time) *refusa
 // build fills the one value handed to the retry layer: the policy, the
 // field order, the bulkhead, the base transport for the upstream's
 // protocol, a Service's endpoints, and the outgoing request.
-func (c *conn) build(req *http.Request, x *exchange, tg target, rp retry.Policy, order []string) *refusal {
+func (c *conn) build(req *http.Request, x *exchange, tg target, rp policy.Retry, order []string) *refusal {
 	up := x.Identity.Upstream
-	x.rx.Policy = rp
+	x.rx.Policy = retryPolicy(rp)
 	x.rx.FieldOrder = order
 	if b := c.s.cfg.Bulkheads.Get(x.Identity.Budget, up.Bulkhead); b != nil {
 		x.rx.Bulkhead = b
@@ -1124,3 +1124,20 @@ var (
 	_ io.Reader = (*guard)(nil)
 	_ io.Reader = (*deadlineReader)(nil)
 )
+
+// retryPolicy is the one place the policy file's Retry becomes the attempt
+// runner's Policy.
+func retryPolicy(p policy.Retry) retry.Policy {
+	return retry.Policy{
+		Upstream:          p.Upstream,
+		MaxAttempts:       p.MaxAttempts,
+		Timeout:           p.Timeout,
+		AttemptTimeout:    p.AttemptTimeout,
+		MinAttempt:        p.MinAttempt,
+		Backoff:           p.Backoff,
+		Budget:            p.Budget,
+		TransientStatuses: p.TransientStatuses,
+		Idempotency:       p.Idempotency,
+		Refresh:           p.Refresh,
+	}
+}

@@ -68,7 +68,7 @@ func FuzzGuardAddress(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { protect6.Close() })
-	srv, err := New(Config{Policy: pol, Protect: []string{protect6.Addr().String()}, Logger: slog.New(slog.DiscardHandler)})
+	srv, err := New(Config{Policy: pol, Bounds: Bounds{Protect: []string{protect6.Addr().String()}}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		f.Fatal(err)
 	}

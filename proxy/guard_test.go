@@ -43,8 +43,11 @@ func TestGuardUnspecifiedIsThisHost(t *testing.T) {
 	dns.Set("mapped.test", netip.MustParseAddr("::ffff:0.0.0.0"))
 	self := listenWire(t, "127.0.0.1:0")
 	p4, p6, ps := m4.addrPort().Port(), m6.addrPort().Port(), self.addrPort().Port()
-	srv, err := New(Config{Logger: testLogger(t), Protect: []string{m4.Addr().String(), m6.Addr().String()},
-		Names: &Names{Resolver: dns.Resolver()}, ConnectPorts: []int{int(p4), int(p6), int(ps)}})
+	srv, err := New(Config{
+		Logger: testLogger(t),
+		Bounds: Bounds{Protect: []string{m4.Addr().String(), m6.Addr().String()}, ConnectPorts: []int{int(p4), int(p6), int(ps)}},
+		Shared: Shared{Names: &Names{Resolver: dns.Resolver()}},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +109,7 @@ func TestDenyReachesLoopbackForms(t *testing.T) {
 	dns.Set("zero6.test", netip.IPv6Unspecified())
 	p4, p6 := t4.addrPort().Port(), t6.addrPort().Port()
 	pol := mustPolicy(t, "deny_destinations: [127.0.0.0/8, \"::1/128\", fe80::/10]\n")
-	p := startProxy(t, Config{Policy: pol, Names: &Names{Resolver: dns.Resolver()}, ConnectPorts: []int{int(p4), int(p6), 80}})
+	p := startProxy(t, Config{Policy: pol, Shared: Shared{Names: &Names{Resolver: dns.Resolver()}}, Bounds: Bounds{ConnectPorts: []int{int(p4), int(p6), 80}}})
 	for _, hp := range []string{
 		fmt.Sprintf("0.0.0.0:%d", p4),
 		fmt.Sprintf("[::ffff:0.0.0.0]:%d", p4),

@@ -37,7 +37,7 @@ func TestEgretHeadersStripped(t *testing.T) {
 		io.WriteString(w, "ok")
 	})
 	// An explicit upgrade may reach only the ports CONNECT may.
-	explicit := startProxy(t, Config{ConnectPorts: []int{int(up.addrPort().Port())}})
+	explicit := startProxy(t, Config{Bounds: Bounds{ConnectPorts: []int{int(up.addrPort().Port())}}})
 	res := &StaticResolver{Dst: up.addrPort()}
 	transparent := startProxy(t, Config{Mode: Transparent, Resolver: res})
 	for _, tc := range []struct {

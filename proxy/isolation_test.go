@@ -182,8 +182,12 @@ upstreams:
 `, tok, marker, pay.Addr(), pay.Port()))
 	res := &StaticResolver{}
 	m := testMetrics(t)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Policy: pol, Metrics: m,
-		Names: &Names{Resolver: dns.Resolver()}})
+	p := startProxy(t, Config{
+		Mode:     Transparent,
+		Resolver: res,
+		Policy:   pol,
+		Shared:   Shared{Metrics: m, Names: &Names{Resolver: dns.Resolver()}},
+	})
 
 	// The attacks: another tenant's name, then its address, as Host.
 	for _, host := range []string{"payments.test", pay.String()} {
@@ -239,7 +243,7 @@ func TestCredentialFailsClosedWithoutDNS(t *testing.T) {
 	dead.Set("payments.test") // NXDOMAIN
 	pol := mustPolicy(t, fmt.Sprintf("upstreams:\n  - host: payments.test\n    credential: {bearer_token_file: %s, cleartext_addresses: [%s]}\n", tok, pay.Addr()))
 	res := &StaticResolver{}
-	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Policy: pol, Names: &Names{Resolver: r}})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Policy: pol, Shared: Shared{Names: &Names{Resolver: r}}})
 	resp := podRequest(t, p, res, pay, "GET / HTTP/1.1\r\nHost: payments.test\r\nConnection: close\r\n\r\n")
 	if readAll(t, resp.Body) != "payments" {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -301,8 +305,12 @@ upstreams:
 `, ca, tok))
 	res := &StaticResolver{}
 	dns := dnstest.Start(t) // example.com is not in it
-	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Policy: pol,
-		Names: &Names{Resolver: dns.Resolver()}})
+	p := startProxy(t, Config{
+		Mode:     Transparent,
+		Resolver: res,
+		Policy:   pol,
+		Shared:   Shared{Names: &Names{Resolver: dns.Resolver()}},
+	})
 
 	resp := podRequest(t, p, res, secure.addrPort(), "GET / HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n")
 	if readAll(t, resp.Body) != "secure" || auth.Load() != "Bearer "+stolenToken {
@@ -362,8 +370,12 @@ upstreams:
     budget: {ratio: 0, min_per_second: 0.2, ttl: 10s}
 `)
 	res := &StaticResolver{}
-	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Policy: pol,
-		Names: &Names{Resolver: dns.Resolver()}})
+	p := startProxy(t, Config{
+		Mode:     Transparent,
+		Resolver: res,
+		Policy:   pol,
+		Shared:   Shared{Names: &Names{Resolver: dns.Resolver()}},
+	})
 	for i := range 5 {
 		resp := podRequest(t, p, res, attacker.addrPort(), "GET / HTTP/1.1\r\nHost: payments.test\r\nConnection: close\r\n\r\n")
 		if resp.StatusCode != 503 {
@@ -412,7 +424,7 @@ func TestBulkheadNotTaken(t *testing.T) {
 	dns.Set("payments.test", payments.addrPort().Addr())
 	pol := mustPolicy(t, "upstreams:\n  - host: payments.test\n    bulkhead: 1\n    max_attempts: 1\n")
 	res := &StaticResolver{}
-	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Policy: pol, Names: &Names{Resolver: dns.Resolver()}})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Policy: pol, Shared: Shared{Names: &Names{Resolver: dns.Resolver()}}})
 	done := make(chan int, 2)
 	for range 2 {
 		go func() {

@@ -78,7 +78,7 @@ func TestLearnerAndPassthroughDialFailure(t *testing.T) {
 	}
 	lr := &recordLearner{}
 	res := &StaticResolver{Dst: closed}
-	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr, Metrics: m})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr, Shared: Shared{Metrics: m}})
 
 	tlsHello := []byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00}
 	if err := sendAndWaitClose(t, p.addr, tlsHello); err == nil {
@@ -131,7 +131,7 @@ func TestLearnerAndPassthroughDialFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 		lr := &recordLearner{}
-		p := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr, Policy: StaticPolicy{pol}, Names: names})
+		p := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr, Policy: StaticPolicy{pol}, Shared: Shared{Names: names}})
 		_ = sendAndWaitClose(t, p.addr, tlsHello)
 		if got := len(lr.learned()) == 1; got != tc.learn {
 			t.Errorf("entry %s: learned %v, want %v", tc.entry, lr.learned(), tc.learn)
@@ -143,7 +143,7 @@ func TestLearnerAndPassthroughDialFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	lr3 := &recordLearner{}
-	p3 := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr3, Policy: StaticPolicy{pol}, Names: names})
+	p3 := startProxy(t, Config{Mode: Transparent, Resolver: res, Learner: lr3, Policy: StaticPolicy{pol}, Shared: Shared{Names: names}})
 	_ = sendAndWaitClose(t, p3.addr, tlsHello)
 	if got := lr3.learned(); len(got) != 0 {
 		t.Fatalf("defaults with TLS: learned %v", got)

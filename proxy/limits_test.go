@@ -53,7 +53,7 @@ func wantNotSent503(t *testing.T, resp *http.Response, body, says string) {
 func TestLimitConnections(t *testing.T) {
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	m := testMetrics(t)
-	p := startProxy(t, Config{Limits: Limits{Conns: 3}, Metrics: m})
+	p := startProxy(t, Config{Limits: Limits{Conns: 3}, Shared: Shared{Metrics: m}})
 	var held []net.Conn
 	for range 3 {
 		c, err := net.Dial("tcp", p.addr)
@@ -173,7 +173,7 @@ func TestLimitSpoolBytes(t *testing.T) {
 // reaches the upstream.
 func TestRequestReadDeadlineEndsATrickle(t *testing.T) {
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
-	p := startProxy(t, Config{ReadTimeout: 10 * time.Second, RequestReadTimeout: 800 * time.Millisecond})
+	p := startProxy(t, Config{Timeouts: Timeouts{ReadTimeout: 10 * time.Second, RequestReadTimeout: 800 * time.Millisecond}})
 	c := sendRaw(t, p.addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", up.url("/up")))
 	stop := make(chan struct{})
 	defer close(stop)

@@ -283,8 +283,10 @@ func TestTunnelOutlivesHeadDeadline(t *testing.T) {
 	ln, got := echoServer(t, "")
 	// 1 s, not less: the head comes in two pieces, and a loaded machine
 	// may take hundreds of milliseconds between them.
-	p := startProxy(t, Config{ReadHeaderTimeout: time.Second,
-		ConnectPorts: []int{ln.Addr().(*net.TCPAddr).Port}})
+	p := startProxy(t, Config{
+		Timeouts: Timeouts{ReadHeaderTimeout: time.Second},
+		Bounds:   Bounds{ConnectPorts: []int{ln.Addr().(*net.TCPAddr).Port}},
+	})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)

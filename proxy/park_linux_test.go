@@ -272,7 +272,7 @@ func TestParkedConnServesNextRequest(t *testing.T) {
 // and nothing of it is left.
 func TestParkedIdleTimeout(t *testing.T) {
 	const idle = 400 * time.Millisecond
-	r := startParkRig(t, Config{IdleTimeout: idle})
+	r := startParkRig(t, Config{Timeouts: Timeouts{IdleTimeout: idle}})
 	pc := r.dial()
 	pc.expect(t, r.get("/"), `200 GET / ""`)
 	t0 := time.Now()
@@ -297,7 +297,7 @@ func TestParkedIdleTimeout(t *testing.T) {
 func TestParkedPeerCloseReleases(t *testing.T) {
 	fds := NewFDs(1000, 10)
 	m := testMetrics(t)
-	r := startParkRig(t, Config{Quota: NewQuota(Limits{Conns: 1}, fds), Metrics: m})
+	r := startParkRig(t, Config{Quota: NewQuota(Limits{Conns: 1}, fds), Shared: Shared{Metrics: m}})
 	pc := r.dial()
 	pc.expect(t, r.get("/"), `200 GET / ""`)
 	r.waitParked(1)
@@ -326,7 +326,7 @@ func TestParkedPeerCloseReleases(t *testing.T) {
 // spoken on may still send its first request within the first request's
 // grace, and one that does not is closed then.
 func TestShutdownClosesParked(t *testing.T) {
-	r := startParkRig(t, Config{ReadHeaderTimeout: 2 * time.Second})
+	r := startParkRig(t, Config{Timeouts: Timeouts{ReadHeaderTimeout: 2 * time.Second}})
 	const n = 5
 	idle := make([]*parkClient, n)
 	for i := range idle {
@@ -377,7 +377,7 @@ func TestShutdownClosesParked(t *testing.T) {
 // connection and a parked new one are closed cleanly, as the same
 // connections waiting with their goroutines are (TestShutdownPastGrace*).
 func TestShutdownPastGraceParked(t *testing.T) {
-	r := startParkRig(t, Config{AnswerGrace: 20 * time.Second})
+	r := startParkRig(t, Config{Timeouts: Timeouts{AnswerGrace: 20 * time.Second}})
 	idle := r.dial()
 	idle.expect(t, r.get("/"), `200 GET / ""`)
 	silent := r.dial()
@@ -463,7 +463,7 @@ func TestUnparkableConnKeepsGoroutine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{IdleTimeout: 300 * time.Millisecond, ParkAfter: testParkAfter, Logger: testLogger(t)})
+	s, err := New(Config{Timeouts: Timeouts{IdleTimeout: 300 * time.Millisecond, ParkAfter: testParkAfter}, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,9 +42,12 @@ func TestConnectReach(t *testing.T) {
 	// egret's own port is allowed too: only the loop check stands in the
 	// way of a CONNECT to itself.
 	self := listenWire(t, "127.0.0.1:0")
-	srv, err := New(Config{Policy: pol, Protect: []string{metrics.Addr().String()}, Logger: testLogger(t),
-		ConnectPorts: []int{int(allowed.addrPort().Port()), 443, int(metrics.addrPort().Port()),
-			int(denied.addrPort().Port()), int(self.addrPort().Port())}})
+	srv, err := New(Config{
+		Policy: pol,
+		Bounds: Bounds{Protect: []string{metrics.Addr().String()}, ConnectPorts: []int{int(allowed.addrPort().Port()), 443, int(metrics.addrPort().Port()),
+			int(denied.addrPort().Port()), int(self.addrPort().Port())}},
+		Logger: testLogger(t),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +123,7 @@ func TestRequestReach(t *testing.T) {
 		t.Fatalf("the denied address got %d connections", n)
 	}
 	// The default list: metadata endpoints, refused before any attempt.
-	def := startProxy(t, Config{Protect: []string{metrics.addr}})
+	def := startProxy(t, Config{Bounds: Bounds{Protect: []string{metrics.addr}}})
 	for _, u := range []string{"http://169.254.169.254/latest/meta-data/iam/security-credentials/", "http://[fd00:ec2::254]/latest/", metrics.url("/metrics"), "http://" + def.addr + "/"} {
 		resp := rawRequest(t, def.addr, "GET "+u+" HTTP/1.1\r\nHost: x\r\n\r\n")
 		if resp.StatusCode != 403 || resp.Header.Get(HeaderAttempts) != "0" {
@@ -173,7 +176,7 @@ func TestTunnelIdleTimeout(t *testing.T) {
 		}
 	}()
 	const idle = time.Second
-	p := startProxy(t, Config{TunnelIdleTimeout: idle, ConnectPorts: []int{int(ln.addrPort().Port())}})
+	p := startProxy(t, Config{Timeouts: Timeouts{TunnelIdleTimeout: idle}, Bounds: Bounds{ConnectPorts: []int{int(ln.addrPort().Port())}}})
 	open := func() (net.Conn, *bufio.Reader) {
 		c, err := net.Dial("tcp", p.addr)
 		if err != nil {
@@ -232,7 +235,7 @@ func TestUpgradeHygiene(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		io.Copy(io.Discard, br)
 	}()
-	p := startProxy(t, Config{Via: "egret", ConnectPorts: []int{int(ln.addrPort().Port())}})
+	p := startProxy(t, Config{Shared: Shared{Via: "egret"}, Bounds: Bounds{ConnectPorts: []int{int(ln.addrPort().Port())}}})
 	raw := "GET " + "http://" + ln.Addr().String() + "/ws HTTP/1.1\r\nHost: " + ln.Addr().String() + "\r\n" +
 		"Connection: Upgrade, X-Hop\r\nUpgrade: websocket\r\nProxy-Authorization: Basic c2VjcmV0\r\n" +
 		"Keep-Alive: timeout=5\r\nX-Hop: drop-me\r\nX-Kept: a b\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
@@ -269,11 +272,13 @@ func TestForwardProxyPod(t *testing.T) {
 	defer origin.Close()
 	plain := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "plain "+r.URL.Path) })
 	fwdLog := &lineBuffer{lines: make(chan struct{}, 16)}
-	fwd := startProxy(t, Config{Logger: slog.New(slog.NewTextHandler(fwdLog, nil)),
-		ConnectPorts: []int{origin.Listener.Addr().(*net.TCPAddr).Port}})
+	fwd := startProxy(t, Config{
+		Logger: slog.New(slog.NewTextHandler(fwdLog, nil)),
+		Bounds: Bounds{ConnectPorts: []int{origin.Listener.Addr().(*net.TCPAddr).Port}},
+	})
 	res := &StaticResolver{Dst: netip.MustParseAddrPort(fwd.addr)}
 	m := testMetrics(t)
-	pod := startProxy(t, Config{Mode: Transparent, Resolver: res, Metrics: m})
+	pod := startProxy(t, Config{Mode: Transparent, Resolver: res, Shared: Shared{Metrics: m}})
 	// The pod's HTTPS_PROXY is the forward proxy; its connects to it come
 	// to egret (here: to egret's listener, with the forward proxy as the
 	// original destination).
@@ -320,7 +325,7 @@ func TestLogsDropQuery(t *testing.T) {
 	const secret = "sig-5ec7e7-do-not-log"
 	for _, keep := range []bool{false, true} {
 		out := &lineBuffer{lines: make(chan struct{}, 16)}
-		p := startProxy(t, Config{Logger: slog.New(slog.NewTextHandler(out, nil)), LogQuery: keep})
+		p := startProxy(t, Config{Logger: slog.New(slog.NewTextHandler(out, nil)), Shared: Shared{LogQuery: keep}})
 		ids := []string{}
 		for _, raw := range []string{
 			"GET " + up.url("/x?token="+secret) + " HTTP/1.1\r\nHost: x\r\n\r\n",

@@ -364,11 +364,14 @@ func TestBulkheadRejects(t *testing.T) {
 	bhs := NewBulkheads()
 	bhs.MaxWait = 50 * time.Millisecond
 	bhs.OnReject = m.BulkheadRejected
-	p := startProxy(t, Config{Metrics: m, Bulkheads: bhs, Policy: mustPolicy(t, `
+	p := startProxy(t, Config{
+		Shared: Shared{Metrics: m, Bulkheads: bhs},
+		Policy: mustPolicy(t, `
 defaults:
   max_attempts: 1
   bulkhead: 1
-`)})
+`),
+	})
 	go p.client().Get(up.url("/hold")) // takes the only permit
 	<-arrived                          // and holds it at the upstream
 	resp, err := p.client().Get(up.url("/second"))
@@ -690,7 +693,7 @@ func TestShutdownServesNewConnection(t *testing.T) {
 // A new connection that never speaks is closed once its grace (here the
 // header timeout) is over, and Shutdown ends then without waiting longer.
 func TestShutdownClosesSilentNewConnection(t *testing.T) {
-	p := startProxy(t, Config{ReadHeaderTimeout: 300 * time.Millisecond})
+	p := startProxy(t, Config{Timeouts: Timeouts{ReadHeaderTimeout: 300 * time.Millisecond}})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
@@ -12,11 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/rawsock"
 	"github.com/egret-proxy/egret/proxy/policy"
-	"github.com/egret-proxy/egret/retry"
-	"github.com/egret-proxy/egret/witness"
 )
 
 // Mode is how a Server learns where a request goes.
@@ -85,149 +81,6 @@ func (s StaticPolicy) Current() *policy.Policy { return s.P }
 
 var _ PolicySource = StaticPolicy{}
 
-// Defaults of the Config's limits and timeouts.
-const (
-	DefaultSniffTimeout       = 300 * time.Millisecond
-	DefaultReadHeaderTimeout  = 10 * time.Second
-	DefaultReadTimeout        = 30 * time.Second
-	DefaultWriteTimeout       = 30 * time.Second
-	DefaultIdleTimeout        = 90 * time.Second
-	DefaultDialTimeout        = 10 * time.Second
-	DefaultMaxHeaderBytes     = 64 << 10
-	DefaultMaxHeaderCount     = 100
-	DefaultAnswerGrace        = time.Second
-	DefaultRequestReadTimeout = 2 * time.Minute
-	DefaultTunnelIdleTimeout  = 5 * time.Minute
-	DefaultParkAfter          = time.Second
-)
-
-// DefaultConnectPorts are the ports an explicit-mode CONNECT may reach
-// when Config.ConnectPorts is empty.
-var DefaultConnectPorts = []int{443}
-
-// Config configures a Server. Zero fields take the defaults; the shared
-// parts (Budgets, Bulkheads, Traces, Metrics) should be one per node, given
-// to every pod's Server.
-type Config struct {
-	Mode Mode
-	// Resolver gives original destinations (required in Transparent mode).
-	Resolver Resolver
-	// Policy is consulted for every request (default: policy.Default()).
-	Policy PolicySource
-	// Dial dials upstreams, passthrough destinations and CONNECT targets
-	// (default: a net.Dialer with DialTimeout).
-	Dial DialFunc
-	// Witness reads upstream sockets' counters for the attempt runner
-	// (nil: none, so no evidence is ever upgraded).
-	Witness witness.Witness
-
-	Budgets *engine.Budgets
-	// Bulkheads (nil: a registry of the server's own, its rejections
-	// counted by Metrics).
-	Bulkheads *Bulkheads
-	Traces    *Traces
-	// Tap gets every finished request, for `egret observe` (nil: none).
-	Tap *Tap
-	// Metrics count what only the proxy sees (egret_proxy_...);
-	// RetryMetrics the attempt runner's attempts, decisions, outcomes and
-	// witness upgrades (egret_retry_...). Either may be nil.
-	Metrics      *Metrics
-	RetryMetrics *retry.Metrics
-	Logger       *slog.Logger
-	// Source is who sends this server's requests (the agent's pod), for
-	// the per-workload series of Metrics.
-	Source Source
-	// AccessLog says which requests are logged (default: all).
-	AccessLog AccessLog
-
-	// SniffTimeout is how long a transparent connection may stay silent
-	// before it is taken for a server-speaks-first protocol.
-	SniffTimeout time.Duration
-	// ReadHeaderTimeout bounds reading a request head; ReadTimeout bounds
-	// each read of a request body; WriteTimeout each write to the client;
-	// IdleTimeout a keep-alive connection's wait for its next request.
-	ReadHeaderTimeout time.Duration
-	ReadTimeout       time.Duration
-	WriteTimeout      time.Duration
-	IdleTimeout       time.Duration
-	DialTimeout       time.Duration
-	// ParkAfter is how long a keep-alive connection waits for its next
-	// request with a goroutine of its own; idle longer, it is parked (on
-	// Linux): it holds no goroutine and no buffer for the rest of
-	// IdleTimeout, and a goroutine is started again when its socket is
-	// readable or its peer goes. Negative: never parked.
-	ParkAfter time.Duration
-	// AnswerGrace is how long, once Shutdown's grace is over, the
-	// requests still in flight have to be answered (their attempts
-	// cancelled) before their connections are closed.
-	AnswerGrace time.Duration
-	// MaxHeaderBytes bounds a request head (request line included) and
-	// MaxHeaderCount its header fields; beyond: 431 (414 for the line).
-	MaxHeaderBytes int
-	MaxHeaderCount int
-	// SpoolDir holds spooled request bodies (default: the system's).
-	SpoolDir string
-	// Via, when set, is the pseudonym added to forwarded requests' Via
-	// header in Explicit mode ("1.1 <Via>"); transparent requests are left
-	// as the workload wrote them.
-	Via string
-
-	// Learner, when set, is told of each transparent connection sniffed
-	// as a protocol egret passes through (Learner says which), so that the
-	// pod's next connects to that destination can go direct; the node
-	// agent's writes the kernel's learned-direct map. Destinations the
-	// policy may originate TLS for (Policy.TLSOriginFor; a named entry's
-	// name proven by Names) are never learned: the pod's plain HTTP to
-	// them must keep reaching egret. nil: nothing is learned.
-	Learner Learner
-	// Names proves transparent requests' Host names against their original
-	// destinations (egret's resolver, never the pod's); one per node
-	// (default: a Names of the server's own on net.DefaultResolver). In
-	// explicit mode, without a Dial, its Resolver resolves the names egret
-	// dials.
-	Names *Names
-	// Services, when set, tells which Kubernetes Service a transparent
-	// destination is (agent/services, one per node): such a request is
-	// attributed to the Service (budget, bulkhead, metrics, logs and
-	// traces name it "namespace/name:port", a `service:` policy entry
-	// applies) and, unless egret leaves the Service to kube-proxy, its
-	// attempts dial the Service's endpoints, chosen by the Services.
-	Services Services
-
-	// ConnectPorts are the ports an explicit-mode CONNECT may reach
-	// (default: DefaultConnectPorts, 443 only). TunnelIdleTimeout ends a
-	// CONNECT tunnel when neither side has sent a byte for that long.
-	ConnectPorts      []int
-	TunnelIdleTimeout time.Duration
-	// Protect are addresses (host:port) egret serves besides its proxy
-	// listeners, such as the metrics and pprof address: in explicit mode
-	// no request or CONNECT reaches them, nor the Server's own listeners.
-	Protect []string
-
-	// LogQuery keeps the query string of request URLs in log lines and
-	// traces; by default it is dropped (with any user:password), so that
-	// tokens passed in URLs do not reach log storage.
-	LogQuery bool
-
-	// Limits bound what the clients of this Server (one pod, in the node
-	// agent) may hold at once; zero fields are no limit. Ignored when
-	// Quota is set.
-	Limits Limits
-	// Quota is the account of this Server's clients against their limits
-	// and the node's descriptors (nil: one of the Server's own, of Limits,
-	// with no descriptor account). The node agent gives each pod's Server
-	// the pod's, all drawing from one FDs.
-	Quota *Quota
-	// RequestReadTimeout bounds the reading of a whole request from the
-	// client, head and body, from its first byte: a body trickled a byte
-	// at a time ends there (408), whatever ReadTimeout allows each read.
-	RequestReadTimeout time.Duration
-
-	// Runner, when set, replaces the retry runner (tests of the server
-	// alone). It is handed each request's retry.Exchange.
-	Runner Runner
-}
-
 // via is the Via field value the proxy adds to a request of version
 // major.minor ("1.1 egret").
 func (s *Server) via(major, minor int) string {
@@ -235,57 +88,6 @@ func (s *Server) via(major, minor int) string {
 		return s.via11
 	}
 	return strconv.Itoa(major) + "." + strconv.Itoa(minor) + " " + s.cfg.Via
-}
-
-func (c *Config) setDefaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&c.SniffTimeout, DefaultSniffTimeout)
-	def(&c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
-	def(&c.ReadTimeout, DefaultReadTimeout)
-	def(&c.WriteTimeout, DefaultWriteTimeout)
-	def(&c.IdleTimeout, DefaultIdleTimeout)
-	def(&c.DialTimeout, DefaultDialTimeout)
-	def(&c.AnswerGrace, DefaultAnswerGrace)
-	def(&c.RequestReadTimeout, DefaultRequestReadTimeout)
-	if c.ParkAfter == 0 {
-		c.ParkAfter = DefaultParkAfter
-	}
-	if c.Quota == nil {
-		c.Quota = NewQuota(c.Limits, nil)
-	}
-	if c.MaxHeaderBytes <= 0 {
-		c.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
-	if c.MaxHeaderCount <= 0 {
-		c.MaxHeaderCount = DefaultMaxHeaderCount
-	}
-	if c.Policy == nil {
-		c.Policy = StaticPolicy{policy.Default()}
-	}
-	def(&c.TunnelIdleTimeout, DefaultTunnelIdleTimeout)
-	if len(c.ConnectPorts) == 0 {
-		c.ConnectPorts = DefaultConnectPorts
-	}
-	if c.Names == nil {
-		c.Names = &Names{}
-	}
-	if c.Budgets == nil {
-		c.Budgets = engine.NewBudgets()
-	}
-	if c.Bulkheads == nil {
-		c.Bulkheads = NewBulkheads()
-		c.Bulkheads.OnReject = c.Metrics.BulkheadRejected
-	}
-	if c.Traces == nil {
-		c.Traces = NewTraces(0)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
 }
 
 // Server is one proxy listener's logic: the node agent runs one per pod,

@@ -85,7 +85,7 @@ func TestConnectTunnel(t *testing.T) {
 		io.WriteString(w, "secret")
 	}))
 	defer srv.Close()
-	p := startProxy(t, Config{ConnectPorts: []int{srv.Listener.Addr().(*net.TCPAddr).Port}})
+	p := startProxy(t, Config{Bounds: Bounds{ConnectPorts: []int{srv.Listener.Addr().(*net.TCPAddr).Port}}})
 	tr := srv.Client().Transport.(*http.Transport).Clone()
 	tr.Proxy = http.ProxyURL(mustURL(t, "http://"+p.addr))
 	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(srv.URL + "/x")
@@ -141,8 +141,12 @@ func TestTransparentPassthroughTLS(t *testing.T) {
 	for _, silence := range []time.Duration{0, 200 * time.Millisecond} {
 		ln, got := echoServer(t, "")
 		m := testMetrics(t)
-		p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
-			Metrics: m, SniffTimeout: 50 * time.Millisecond})
+		p := startProxy(t, Config{
+			Mode:     Transparent,
+			Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
+			Shared:   Shared{Metrics: m},
+			Timeouts: Timeouts{SniffTimeout: 50 * time.Millisecond},
+		})
 		c, err := net.Dial("tcp", p.addr)
 		if err != nil {
 			t.Fatal(err)
@@ -189,8 +193,12 @@ func TestTransparentPassthroughServerFirst(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ln, got := echoServer(t, c.greeting)
 			m := testMetrics(t)
-			p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
-				Metrics: m, SniffTimeout: c.sniff})
+			p := startProxy(t, Config{
+				Mode:     Transparent,
+				Resolver: &StaticResolver{Dst: addrPortOf(t, ln)},
+				Shared:   Shared{Metrics: m},
+				Timeouts: Timeouts{SniffTimeout: c.sniff},
+			})
 			cn, err := net.Dial("tcp", p.addr)
 			if err != nil {
 				t.Fatal(err)
@@ -250,7 +258,7 @@ func TestHopByHopRemoved(t *testing.T) {
 
 func TestMalformedRequestsNeverReachUpstream(t *testing.T) {
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached") })
-	p := startProxy(t, Config{MaxHeaderBytes: 4096, MaxHeaderCount: 20})
+	p := startProxy(t, Config{Bounds: Bounds{MaxHeaderBytes: 4096, MaxHeaderCount: 20}})
 	target := up.url("/")
 	many := strings.Repeat("X-A: 1\r\n", 21)
 	cases := []struct {
@@ -285,7 +293,7 @@ func TestMalformedRequestsNeverReachUpstream(t *testing.T) {
 }
 
 func TestSlowClientHeaderTimeout(t *testing.T) {
-	p := startProxy(t, Config{ReadHeaderTimeout: 150 * time.Millisecond})
+	p := startProxy(t, Config{Timeouts: Timeouts{ReadHeaderTimeout: 150 * time.Millisecond}})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +315,7 @@ func TestSlowClientHeaderTimeout(t *testing.T) {
 }
 
 func TestIdleTimeoutClosesConnection(t *testing.T) {
-	p := startProxy(t, Config{IdleTimeout: 100 * time.Millisecond})
+	p := startProxy(t, Config{Timeouts: Timeouts{IdleTimeout: 100 * time.Millisecond}})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -341,7 +349,7 @@ func captureClientHello(t *testing.T) []byte {
 func TestViaAddedAndLoopRefused(t *testing.T) {
 	seen := make(chan string, 1)
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { seen <- r.Header.Get("Via") })
-	p := startProxy(t, Config{Via: "egret"})
+	p := startProxy(t, Config{Shared: Shared{Via: "egret"}})
 	resp := rawRequest(t, p.addr, "GET "+up.url("/")+" HTTP/1.1\r\nHost: x\r\nVia: 1.1 corp-proxy\r\n\r\n")
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -468,8 +476,13 @@ func TestTransparentLateHTTPIsServed(t *testing.T) {
 		io.WriteString(w, "late but served")
 	})
 	m := testMetrics(t)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: up.addrPort(t)},
-		Metrics: m, SniffTimeout: 50 * time.Millisecond, Policy: mustPolicy(t, fastRetries)})
+	p := startProxy(t, Config{
+		Mode:     Transparent,
+		Resolver: &StaticResolver{Dst: up.addrPort(t)},
+		Shared:   Shared{Metrics: m},
+		Timeouts: Timeouts{SniffTimeout: 50 * time.Millisecond},
+		Policy:   mustPolicy(t, fastRetries),
+	})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -154,7 +154,7 @@ func TestServiceSpreadsOverEndpoints(t *testing.T) {
 	bs := startBackends(t, 3)
 	vip, vipConns := startClusterIP(t)
 	tb := serviceTable(t, vip, "", bs, true)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Services: tb, Policy: mustPolicy(t, servicePolicy)})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Shared: Shared{Services: tb}, Policy: mustPolicy(t, servicePolicy)})
 	for range 300 {
 		if st, _, _ := svcGet(t, p, "backend.shop.svc.cluster.local"); st != 200 {
 			t.Fatalf("status %d", st)
@@ -177,8 +177,13 @@ func TestServiceRetryGoesToAnotherEndpoint(t *testing.T) {
 	vip, _ := startClusterIP(t)
 	tb := serviceTable(t, vip, "", bs, true)
 	traces := NewTraces(0)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Services: tb,
-		Policy: mustPolicy(t, servicePolicy), Traces: traces})
+	p := startProxy(t, Config{
+		Mode:     Transparent,
+		Resolver: &StaticResolver{Dst: vip},
+		Shared:   Shared{Services: tb},
+		Policy:   mustPolicy(t, servicePolicy),
+		Traces:   traces,
+	})
 	ok, retried := 0, 0
 	for range 300 {
 		st, _, id := svcGet(t, p, "backend.shop.svc.cluster.local")
@@ -216,7 +221,7 @@ func TestServiceEndpointLeftClosesItsConnection(t *testing.T) {
 	bs := startBackends(t, 1)
 	vip, _ := startClusterIP(t)
 	tb := serviceTable(t, vip, "", bs, true)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Services: tb, Policy: mustPolicy(t, servicePolicy)})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Shared: Shared{Services: tb}, Policy: mustPolicy(t, servicePolicy)})
 	if st, _, _ := svcGet(t, p, "x"); st != 200 {
 		t.Fatalf("status %d", st)
 	}
@@ -249,7 +254,7 @@ func TestServiceNoReadyEndpointNotSent(t *testing.T) {
 	bs := startBackends(t, 2)
 	vip, vipConns := startClusterIP(t)
 	tb := serviceTable(t, vip, "", bs, false)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Services: tb, Policy: mustPolicy(t, servicePolicy)})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Shared: Shared{Services: tb}, Policy: mustPolicy(t, servicePolicy)})
 	st, outcome, _ := svcGet(t, p, "x")
 	if st != http.StatusServiceUnavailable || outcome != "not-sent" {
 		t.Errorf("0 ready endpoints: %d %q, want 503 not-sent", st, outcome)
@@ -264,7 +269,7 @@ func TestServiceUnsupportedGoesThroughClusterIP(t *testing.T) {
 	vip, vipConns := startClusterIP(t)
 	tb := serviceTable(t, vip, services.WhySessionAffinity, bs, true)
 	traces := NewTraces(0)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Services: tb, Traces: traces})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: vip}, Shared: Shared{Services: tb}, Traces: traces})
 	st, _, id := svcGet(t, p, "x")
 	if st != 200 || vipConns.Load() != 1 || bs[0].hits.Load()+bs[1].hits.Load() != 0 {
 		t.Fatalf("status %d, %d ClusterIP connections, %d endpoint hits: want 200 through the ClusterIP alone",
@@ -290,7 +295,7 @@ func TestServiceNamedByHostToItsEndpoint(t *testing.T) {
 	tb := serviceTable(t, vip, "", bs, true)
 	traces := NewTraces(0)
 	res := &StaticResolver{Dst: bs[1].addr}
-	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Services: tb, Traces: traces})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: res, Shared: Shared{Services: tb}, Traces: traces})
 	st, _, id := svcGet(t, p, "backend.shop.svc.cluster.local")
 	tr, _ := traces.Get(id)
 	if want := "shop/backend:" + strconv.Itoa(int(vip.Port())); st != 200 || tr.Upstream != want {
@@ -300,7 +305,7 @@ func TestServiceNamedByHostToItsEndpoint(t *testing.T) {
 		t.Errorf("hits %d/%d, ClusterIP %d: want the endpoint the pod chose", bs[0].hits.Load(), bs[1].hits.Load(), vipConns.Load())
 	}
 	other := startBackends(t, 1)[0]
-	p = startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: other.addr}, Services: tb, Traces: traces})
+	p = startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: other.addr}, Shared: Shared{Services: tb}, Traces: traces})
 	_, _, id = svcGet(t, p, "backend.shop.svc.cluster.local")
 	if tr, _ := traces.Get(id); tr.Upstream == "shop/backend:"+strconv.Itoa(int(vip.Port())) {
 		t.Errorf("a Host naming the Service took a destination that is not its endpoint")

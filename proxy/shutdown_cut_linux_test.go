@@ -30,7 +30,7 @@ func TestShutdownCutMeetsANewConnection(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			log := &lines{}
-			s, err := New(Config{Logger: slog.New(log), AnswerGrace: testAnswerGrace, IdleTimeout: 10 * time.Minute})
+			s, err := New(Config{Logger: slog.New(log), Timeouts: Timeouts{AnswerGrace: testAnswerGrace, IdleTimeout: 10 * time.Minute}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -135,21 +135,23 @@ func newWindowEnv(t *testing.T) *windowEnv {
 	upgradePort, _ := strconv.Atoi(strings.TrimPrefix(e.upgrade.addr, "127.0.0.1:"))
 	var d net.Dialer
 	p, err := New(Config{
-		Policy:       mustPolicy(t, windowsPolicy),
-		Logger:       slog.New(e.log),
-		AnswerGrace:  testAnswerGrace,
-		ConnectPorts: []int{connectPort, upgradePort}, // an upgrade is a tunnel
-		// Every window is held by an event, never by time: no timeout of
-		// the server's may end a request before the cut. (With the
-		// defaults, 260 connections under -race, -count=3 and CPU load
-		// took longer than the 10 s head and dial timeouts to reach their
-		// windows, and the new ones were closed before the cut.)
-		ReadHeaderTimeout:  10 * time.Minute,
-		ReadTimeout:        10 * time.Minute,
-		WriteTimeout:       10 * time.Minute,
-		IdleTimeout:        10 * time.Minute,
-		DialTimeout:        10 * time.Minute,
-		RequestReadTimeout: 10 * time.Minute,
+		Policy: mustPolicy(t, windowsPolicy),
+		Logger: slog.New(e.log),
+		Bounds: Bounds{ConnectPorts: []int{connectPort, upgradePort}}, // an upgrade is a tunnel
+		Timeouts: Timeouts{
+			AnswerGrace: testAnswerGrace,
+			// Every window is held by an event, never by time: no timeout of
+			// the server's may end a request before the cut. (With the
+			// defaults, 260 connections under -race, -count=3 and CPU load
+			// took longer than the 10 s head and dial timeouts to reach their
+			// windows, and the new ones were closed before the cut.)
+			ReadHeaderTimeout:  10 * time.Minute,
+			ReadTimeout:        10 * time.Minute,
+			WriteTimeout:       10 * time.Minute,
+			IdleTimeout:        10 * time.Minute,
+			DialTimeout:        10 * time.Minute,
+			RequestReadTimeout: 10 * time.Minute,
+		},
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if addr == e.blackhole {
 				e.event("dialing")
@@ -614,7 +616,7 @@ func TestShutdownPastGraceResetsAStalledBody(t *testing.T) {
 				tc.body(w, r, release)
 			})
 			log := &lines{}
-			p := startProxy(t, Config{Logger: slog.New(log), AnswerGrace: testAnswerGrace})
+			p := startProxy(t, Config{Logger: slog.New(log), Timeouts: Timeouts{AnswerGrace: testAnswerGrace}})
 			c, err := net.Dial("tcp", p.addr)
 			if err != nil {
 				t.Fatal(err)
@@ -671,8 +673,12 @@ func TestShutdownCutEndsASilentTransparentConnection(t *testing.T) {
 		}
 	}()
 	log := &lines{}
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: netip.MustParseAddrPort(dst.Addr().String())},
-		Logger: slog.New(log), AnswerGrace: testAnswerGrace, SniffTimeout: time.Millisecond})
+	p := startProxy(t, Config{
+		Mode:     Transparent,
+		Resolver: &StaticResolver{Dst: netip.MustParseAddrPort(dst.Addr().String())},
+		Logger:   slog.New(log),
+		Timeouts: Timeouts{AnswerGrace: testAnswerGrace, SniffTimeout: time.Millisecond},
+	})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -69,7 +69,7 @@ func TestShutdownPastGraceAnswersEveryRequest(t *testing.T) {
 	})
 	defer close(release)
 	log := &lines{}
-	s, err := New(Config{Policy: mustPolicy(t, windowsPolicy), Logger: slog.New(log), AnswerGrace: testAnswerGrace})
+	s, err := New(Config{Policy: mustPolicy(t, windowsPolicy), Logger: slog.New(log), Timeouts: Timeouts{AnswerGrace: testAnswerGrace}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestShutdownPastGraceCutsAStartedBody(t *testing.T) {
 		}
 	})
 	log := &lines{}
-	p := startProxy(t, Config{Logger: slog.New(log), AnswerGrace: testAnswerGrace})
+	p := startProxy(t, Config{Logger: slog.New(log), Timeouts: Timeouts{AnswerGrace: testAnswerGrace}})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ func TestTapObserversAndRecent(t *testing.T) {
 	})
 	tap := NewTap(4)
 	src := Source{Namespace: "ns1", Pod: "web", Workload: "deployment/web"}
-	p := startProxy(t, Config{Mode: Explicit, Tap: tap, Source: src})
+	p := startProxy(t, Config{Mode: Explicit, Shared: Shared{Tap: tap}, Source: src})
 	// A stalled observer (queue of 2, never read) and one the test reads.
 	_, stalled := tap.Observe(Filter{}, 0, true, 2)
 	defer stalled.Close()

@@ -18,7 +18,7 @@ func TestTrailerBareLFAnswersAtOnce(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		io.WriteString(w, r.URL.Path+" "+string(b))
 	})
-	p := startProxy(t, Config{ReadTimeout: time.Minute})
+	p := startProxy(t, Config{Timeouts: Timeouts{ReadTimeout: time.Minute}})
 	for _, trailer := range []string{"X-T: 1\n\n", "X-T: 1\n\r\n", "X-T: 1\r\n\n", "\n"} {
 		c := sendRaw(t, p.addr, "POST "+up.url("/one")+" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"+trailer)
 		// A failure bound, not a wait: the answer needs no more bytes.
@@ -48,7 +48,7 @@ func TestTrailerBareLFAnswersAtOnce(t *testing.T) {
 // Content-Length body is, and nothing reaches the upstream.
 func TestStalledChunkedBody408(t *testing.T) {
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
-	p := startProxy(t, Config{ReadTimeout: 300 * time.Millisecond})
+	p := startProxy(t, Config{Timeouts: Timeouts{ReadTimeout: 300 * time.Millisecond}})
 	for _, tc := range []struct{ name, framing, body string }{
 		{"content-length", "Content-Length: 10", "abc"},
 		{"chunked, in a chunk", "Transfer-Encoding: chunked", "a\r\nabc"},

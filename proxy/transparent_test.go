@@ -88,7 +88,7 @@ func TestTransparentUnknownDestinationClosed(t *testing.T) {
 func TestTransparentPassthroughHTTP2Preface(t *testing.T) {
 	ln, got := echoServer(t, "")
 	m := testMetrics(t)
-	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)}, Metrics: m})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, ln)}, Shared: Shared{Metrics: m}})
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestUpgradePassedThrough(t *testing.T) {
 			}()
 		}
 		dst := ln.Addr().(*net.TCPAddr).AddrPort()
-		cfg := Config{Mode: mode, ConnectPorts: []int{int(dst.Port())}}
+		cfg := Config{Mode: mode, Bounds: Bounds{ConnectPorts: []int{int(dst.Port())}}}
 		target := "http://" + dst.String() + "/ws"
 		if mode == Transparent {
 			cfg.Resolver = &StaticResolver{Dst: dst}

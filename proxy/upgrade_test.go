@@ -46,7 +46,7 @@ func upgradeModes(t *testing.T, addr string, f func(t *testing.T, cfg Config, ta
 	ap := mustAddrPort(t, addr)
 	for _, mode := range []Mode{Explicit, Transparent} {
 		t.Run(mode.String(), func(t *testing.T) {
-			cfg := Config{Mode: mode, ConnectPorts: []int{int(ap.Port())}}
+			cfg := Config{Mode: mode, Bounds: Bounds{ConnectPorts: []int{int(ap.Port())}}}
 			target := func(path string) string { return "http://" + addr + path }
 			if mode == Transparent {
 				cfg.Resolver = &StaticResolver{Dst: ap}
@@ -334,7 +334,7 @@ func TestUpgradeIdleTimeout(t *testing.T) {
 		io.Copy(io.Discard, brw) // says nothing, until the proxy closes
 	})
 	ap := mustAddrPort(t, up.addr)
-	p := startProxy(t, Config{TunnelIdleTimeout: 200 * time.Millisecond, ConnectPorts: []int{int(ap.Port())}})
+	p := startProxy(t, Config{Timeouts: Timeouts{TunnelIdleTimeout: 200 * time.Millisecond}, Bounds: Bounds{ConnectPorts: []int{int(ap.Port())}}})
 	c, br := dialProxy(t, p)
 	io.WriteString(c, "GET "+up.url("/")+" HTTP/1.1\r\nHost: "+up.addr+"\r\nConnection: Upgrade\r\nUpgrade: quiet\r\n\r\n")
 	resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})

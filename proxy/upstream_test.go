@@ -192,7 +192,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px := startProxy(t, Config{Metrics: m, RetryMetrics: rm, Policy: mustPolicy(t, fastRetries)})
+	px := startProxy(t, Config{Shared: Shared{Metrics: m, RetryMetrics: rm}, Policy: mustPolicy(t, fastRetries)})
 	resp, err := px.client().Get(up.url("/"))
 	if err != nil {
 		t.Fatal(err)
@@ -284,7 +284,7 @@ func TestMetricsDurationAndBudget(t *testing.T) {
 		time.Sleep(60 * time.Millisecond) // not synchronisation: the duration the histogram must show
 		io.WriteString(w, "slow")
 	})
-	px := startProxy(t, Config{Metrics: m, Policy: mustPolicy(t, fastRetries)})
+	px := startProxy(t, Config{Shared: Shared{Metrics: m}, Policy: mustPolicy(t, fastRetries)})
 	if got := gatherMap(t, reg)["egret_proxy_retry_budget_tokens"]; got != nil {
 		t.Fatalf("budget series before any request: %v", got)
 	}

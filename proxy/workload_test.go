@@ -98,9 +98,13 @@ upstreams:
 	}
 	web := Source{Namespace: "shop", Pod: "web-7d9f-abcde", Workload: "deployment/web"}
 	worker := Source{Namespace: "shop", Pod: "worker-0", Workload: "statefulset/worker"}
-	pw := startProxy(t, Config{Mode: Explicit, Policy: pol, Metrics: m, Source: web})
-	pk := startProxy(t, Config{Mode: Explicit, Policy: pol, Metrics: m, Source: worker,
-		Budgets: pw.cfg.Budgets, Bulkheads: pw.cfg.Bulkheads})
+	pw := startProxy(t, Config{Mode: Explicit, Policy: pol, Shared: Shared{Metrics: m}, Source: web})
+	pk := startProxy(t, Config{
+		Mode:   Explicit,
+		Policy: pol,
+		Shared: Shared{Metrics: m, Budgets: pw.cfg.Budgets, Bulkheads: pw.cfg.Bulkheads},
+		Source: worker,
+	})
 	send := func(p *testProxy, method, url string, wantStatus int) {
 		t.Helper()
 		req, _ := http.NewRequest(method, url, strings.NewReader("x"))
@@ -200,7 +204,7 @@ upstreams:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startProxy(t, Config{Mode: Explicit, Policy: pol, Metrics: m})
+	p := startProxy(t, Config{Mode: Explicit, Policy: pol, Shared: Shared{Metrics: m}})
 	for _, u := range ups {
 		resp, err := p.client().Get(u.url("/"))
 		if err != nil {

@@ -22,8 +22,10 @@
 //     attempt by the runner (send): its own HTTP/1.1 client (h1.go), and
 //     HTTP/2 (h2c prior knowledge, ALPN h2) on its own pool of net/http
 //     connections, so that nothing is replayed behind the engine's back.
-//   - witnessConn (witnessconn.go): the upstream socket wrapper that freezes
-//     at a failure so that the kernel's counters can prove not_sent.
+//   - retry/attempt: the contract between the loop and the client: the
+//     attempt's context and trace, and attempt.Conn, the upstream socket
+//     wrapper that freezes at a failure so that the kernel's counters can
+//     prove not_sent.
 //
 // Use:
 //
@@ -41,6 +43,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -137,12 +140,12 @@ type Attempt struct {
 	// request write started and when the attempt failed (zero if none).
 	WitnessBefore, WitnessAfter witness.Counters
 	// Reused: the attempt went on a pooled connection, idle for Idle.
-	// IdleBound is the upstream's bound the pool applied to a request that
+	// attempt.IdleBound is the upstream's bound the pool applied to a request that
 	// is not safely idempotent (Source none: nothing learned, or the
 	// request is idempotent and any live connection does).
 	Reused    bool
 	Idle      time.Duration
-	IdleBound IdleBound
+	IdleBound attempt.IdleBound
 	Status    int
 	Err       string
 	Decision  engine.Result

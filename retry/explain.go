@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/attempt"
 )
 
 // Explain tells the request's story, one line per attempt, for people
@@ -50,7 +51,7 @@ func (t *Trace) Explain() string {
 		if a.Reused {
 			fmt.Fprintf(&b, ", on a connection idle %s", a.Idle.Round(time.Microsecond))
 		}
-		if a.IdleBound.Source != IdleBoundNone {
+		if a.IdleBound.Source != attempt.IdleBoundNone {
 			fmt.Fprintf(&b, ", idle bound %s (%s %s)", a.IdleBound.Limit.Round(time.Microsecond),
 				a.IdleBound.Source, a.IdleBound.Seen.Round(time.Microsecond))
 		}

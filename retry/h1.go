@@ -25,6 +25,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/h1"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -110,8 +111,8 @@ type h1Conn struct {
 	p       *h1Pool
 	key     poolKey
 	born    uint64   // h1Pool.born when it was dialled
-	nc      net.Conn // a *witnessConn, or a *tls.Conn over one
-	wc      *witnessConn
+	nc      net.Conn // a *attempt.Conn, or a *tls.Conn over one
+	wc      *attempt.Conn
 	tls     bool
 	lr      limitedReader
 	br      *bufio.Reader
@@ -221,16 +222,16 @@ func (p *h1Pool) closeAddr(addr string) {
 // for. Under TLS pending bytes may be a session ticket, so only an end of
 // stream counts there.
 func (c *h1Conn) stale() bool {
-	if c.wc == nil || c.wc.raw == nil {
+	if c.wc == nil || c.wc.Raw() == nil {
 		return false
 	}
-	if stale, decided := c.wc.checkIdle(c.tls); decided {
+	if stale, decided := c.wc.CheckIdle(c.tls); decided {
 		return stale
 	}
 	if c.peek == nil {
 		c.peek = newPeeker()
 	}
-	fin, pending := c.peek.state(c.wc.raw)
+	fin, pending := c.peek.state(c.wc.Raw())
 	return fin || (pending && !c.tls)
 }
 
@@ -259,9 +260,9 @@ func (p *h1Pool) release(key poolKey) {
 // are open. A risky request (not safely idempotent) gets only a connection
 // idle for less than the upstream's learned bound (see idleBounds), which
 // get returns; the others get any live one, and no bound is looked up.
-func (p *h1Pool) get(ctx context.Context, key poolKey, risky bool) (*h1Conn, IdleBound, error) {
+func (p *h1Pool) get(ctx context.Context, key poolKey, risky bool) (*h1Conn, attempt.IdleBound, error) {
 	limit := p.t.opts.MaxConnsPerHost
-	var bound IdleBound
+	var bound attempt.IdleBound
 	looked := false
 	for {
 		p.mu.Lock()
@@ -275,7 +276,7 @@ func (p *h1Pool) get(ctx context.Context, key poolKey, risky bool) (*h1Conn, Idl
 			if risky && !looked {
 				bound, looked = p.bounds.bound(key, now), true
 			}
-			if idle > p.t.opts.IdleConnTimeout || bound.Source != IdleBoundNone && idle >= bound.Limit {
+			if idle > p.t.opts.IdleConnTimeout || bound.Source != attempt.IdleBoundNone && idle >= bound.Limit {
 				// Expired, or too close to the upstream's own timeout to
 				// risk the request on (the most recent idle connection
 				// is last: the others are older still).
@@ -427,7 +428,7 @@ func (p *h1Pool) dial(ctx context.Context, key poolKey, w witness.Witness) (*h1C
 		}
 		return nil, err
 	}
-	c := &h1Conn{p: p, key: key, born: p.born.Add(1), nc: nc, wc: witnessConnOf(nc), tls: key.scheme == "https"}
+	c := &h1Conn{p: p, key: key, born: p.born.Add(1), nc: nc, wc: attempt.ConnOf(nc), tls: key.scheme == "https"}
 	p.mu.Lock()
 	p.live[key]++
 	p.mu.Unlock()
@@ -442,7 +443,7 @@ func (p *h1Pool) dial(ctx context.Context, key poolKey, w witness.Witness) (*h1C
 // fields in order (see writeFields). a is the runner's attempt (nil: none,
 // when HTTPTransport is used on its own). It never retries and never moves
 // the request to another connection.
-func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*http.Response, error) {
+func (p *h1Pool) roundTrip(req *http.Request, a *attempt.Ctx, order []string) (*http.Response, error) {
 	if err := validHeader(req, order); err != nil {
 		return nil, err
 	}
@@ -451,14 +452,14 @@ func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*h
 	ctx := req.Context()
 	h := hooks{a: a, ct: httptrace.ContextClientTrace(ctx)}
 	if a != nil {
-		h.at = a.at
+		h.at = a.Trace()
 	}
 	if h.ct != nil && h.ct.GetConn != nil {
 		h.ct.GetConn(addr)
 	}
 	risky := !idempotentMethod(req.Method)
 	if h.at != nil {
-		risky = h.at.risky
+		risky = h.at.Risky
 	}
 	c, bound, err := p.get(ctx, key, risky)
 	if err != nil {
@@ -470,7 +471,7 @@ func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*h
 		dctx := ctx
 		var w witness.Witness
 		if h.at != nil {
-			dctx, w = httptrace.WithClientTrace(ctx, h.at.clientTrace()), h.at.w
+			dctx, w = httptrace.WithClientTrace(ctx, h.at.ClientTrace()), h.at.Witness
 		}
 		if c, err = p.dial(dctx, key, w); err != nil {
 			return nil, err
@@ -481,7 +482,7 @@ func (p *h1Pool) roundTrip(req *http.Request, a *attemptCtx, order []string) (*h
 		info.WasIdle, info.IdleTime = true, p.now().Sub(c.idleAt)
 	}
 	if h.at != nil {
-		h.at.setIdleBound(bound)
+		h.at.SetIdleBound(bound)
 	}
 	h.gotConn(info)
 	resp, err := c.exchange(ctx, req, h, order)
@@ -515,14 +516,14 @@ func peerClosed(err error) bool {
 // trace at) directly, and any httptrace.ClientTrace of the request's
 // context.
 type hooks struct {
-	a  *attemptCtx
-	at *attemptTrace
+	a  *attempt.Ctx
+	at *attempt.Trace
 	ct *httptrace.ClientTrace
 }
 
 func (h hooks) gotConn(info httptrace.GotConnInfo) {
 	if h.at != nil {
-		h.at.gotConn(info)
+		h.at.GotConn(info)
 	}
 	if h.ct != nil && h.ct.GotConn != nil {
 		h.ct.GotConn(info)
@@ -531,7 +532,7 @@ func (h hooks) gotConn(info httptrace.GotConnInfo) {
 
 func (h hooks) wroteHeaders() {
 	if h.at != nil {
-		h.at.wroteHeadersHook()
+		h.at.WroteHeaders()
 	}
 	if h.ct != nil && h.ct.WroteHeaders != nil {
 		h.ct.WroteHeaders()
@@ -541,7 +542,7 @@ func (h hooks) wroteHeaders() {
 func (h hooks) wroteRequest(err error) {
 	info := httptrace.WroteRequestInfo{Err: err}
 	if h.at != nil {
-		h.at.wroteReq(info)
+		h.at.WroteRequest(info)
 	}
 	if h.ct != nil && h.ct.WroteRequest != nil {
 		h.ct.WroteRequest(info)
@@ -557,7 +558,7 @@ func (h hooks) firstByte() {
 // causeOf is err, or the cause of the exchange's end when it ended (its
 // end interrupted the I/O that failed): the attempt's (a) when the runner
 // runs it, else ctx's.
-func causeOf(a *attemptCtx, ctx context.Context, err error) error {
+func causeOf(a *attempt.Ctx, ctx context.Context, err error) error {
 	if a != nil {
 		if c := a.Cause(); c != nil {
 			return c
@@ -574,13 +575,13 @@ func causeOf(a *attemptCtx, ctx context.Context, err error) error {
 // with its end: directly with the runner's attempt (a), else with ctx by
 // context.AfterFunc.
 type ctxWatch struct {
-	ac   *attemptCtx
+	ac   *attempt.Ctx
 	stop func() bool
 }
 
-func watch(a *attemptCtx, ctx context.Context, interrupt func()) ctxWatch {
+func watch(a *attempt.Ctx, ctx context.Context, interrupt func()) ctxWatch {
 	if a != nil {
-		a.setHook(interrupt)
+		a.SetHook(interrupt)
 		return ctxWatch{ac: a}
 	}
 	return ctxWatch{stop: context.AfterFunc(ctx, interrupt)}
@@ -590,7 +591,7 @@ func watch(a *attemptCtx, ctx context.Context, interrupt func()) ctxWatch {
 // still running (false: the interrupt ran or is running).
 func (w ctxWatch) release() bool {
 	if w.ac != nil {
-		return w.ac.clearHook()
+		return w.ac.ClearHook()
 	}
 	return w.stop()
 }
@@ -958,7 +959,7 @@ func (c *h1Conn) readHead(req *http.Request, h hooks) (*http.Response, error) {
 		if _, err := c.br.Peek(1); err != nil {
 			c.lr.n = -1
 			if first && err == io.EOF && !c.tls && h.at != nil {
-				h.at.peerEnded()
+				h.at.PeerEnded()
 			}
 			return nil, err
 		}
@@ -985,7 +986,7 @@ type h1Body struct {
 	c     *h1Conn
 	rc    io.ReadCloser
 	watch ctxWatch
-	a     *attemptCtx     // the runner's attempt, nil when none
+	a     *attempt.Ctx    // the runner's attempt, nil when none
 	ctx   context.Context // the exchange's: its cause explains an interrupted read
 	wdone chan error      // the body's write, when it ran beside the read
 	keep  bool
@@ -1124,14 +1125,14 @@ func offered(list []string, p string) bool {
 }
 
 // upgraded returns the body of a 101 response: the connection, no longer
-// watched for the witness (the attempt is over; a frozen witnessConn
+// watched for the witness (the attempt is over; a frozen attempt.Conn
 // would refuse writes after the upstream's half-close, and reset bytes
 // still queued when it closes). A plain connection is used without its
 // wrapper, so that it can half-close.
 func (c *h1Conn) upgraded() *h1Upgraded {
 	nc := c.nc
 	if c.wc != nil {
-		c.wc.handOver()
+		c.wc.HandOver()
 		if nc == net.Conn(c.wc) {
 			nc = c.wc.NetConn()
 			c.lr.c = nc

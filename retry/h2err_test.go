@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egret-proxy/egret/retry/attempt"
 	"golang.org/x/net/http2"
 )
 
@@ -119,7 +120,7 @@ func TestH2UnusableConnOfNetHTTP(t *testing.T) {
 	})
 	base := NewHTTPTransport(HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
-	c, _, _, err := base.h2.get(t.Context(), srv.ln.Addr().String(), false, nil, IdleBound{})
+	c, _, _, err := base.h2.get(t.Context(), srv.ln.Addr().String(), false, nil, attempt.IdleBound{})
 	if err != nil {
 		t.Fatal(err)
 	}

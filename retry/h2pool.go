@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -78,12 +79,12 @@ func newH2Pool(t *HTTPTransport) *h2Pool {
 // the runner's attempt (nil: none); order the field order, for the
 // HTTP/1.1 client should the upstream pick http/1.1 (HTTP/2 sends names in
 // lower case, in its own order).
-func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attemptCtx, order []string) (*http.Response, error) {
+func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attempt.Ctx, order []string) (*http.Response, error) {
 	// net/http's HTTP/2 reports through httptrace only.
 	ctx, h2req := req.Context(), req
 	var w witness.Witness
 	if a != nil {
-		ctx, w = httptrace.WithClientTrace(ctx, a.at.clientTrace()), a.at.w
+		ctx, w = httptrace.WithClientTrace(ctx, a.Trace().ClientTrace()), a.Trace().Witness
 	}
 	if a != nil || isEmptyBodyMarked(req) {
 		h2req = req.WithContext(ctx)
@@ -100,15 +101,15 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attem
 	// wrote nothing of this request: taking another one is not a retry.
 	risky := !idempotentMethod(req.Method)
 	if a != nil {
-		risky = a.at.risky
+		risky = a.Trace().Risky
 	}
 	key := poolKey{req.URL.Scheme, addr}
-	var bound IdleBound
+	var bound attempt.IdleBound
 	if risky {
 		bound = p.t.h1.bounds.bound(key, p.t.h1.now())
 	}
 	if a != nil {
-		a.at.setIdleBound(bound)
+		a.Trace().SetIdleBound(bound)
 	}
 	for try := 0; ; try++ {
 		c, reused, idle, err := p.get(ctx, addr, useTLS, w, bound)
@@ -125,7 +126,7 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attem
 		if err != nil && h2ConnFaultOf(err) == h2Unusable && try < 3 {
 			continue
 		}
-		if err != nil && reused && idle > 0 && !h2Refused(err) && (peerClosed(err) || errors.Is(err, errFrozen)) {
+		if err != nil && reused && idle > 0 && !h2Refused(err) && (peerClosed(err) || errors.Is(err, attempt.ErrFrozen)) {
 			// The upstream dropped the idle connection as the stream came.
 			p.t.h1.bounds.closed(key, idle, p.t.h1.now())
 		}
@@ -139,7 +140,7 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attem
 // that has been idle for the bound's limit or longer is passed over. idle
 // is how long the connection it returns had no stream (0: streams in
 // flight, or new).
-func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Witness, bound IdleBound) (*h2Conn, bool, time.Duration, error) {
+func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Witness, bound attempt.IdleBound) (*h2Conn, bool, time.Duration, error) {
 	for dials := 0; ; {
 		p.mu.Lock()
 		live := p.conns[addr][:0]
@@ -151,7 +152,7 @@ func (p *h2Pool) get(ctx context.Context, addr string, useTLS bool, w witness.Wi
 			if c.cc.InFlight() == 0 {
 				quiet = now.Sub(c.lastUse)
 			}
-			tooIdle := bound.Source != IdleBoundNone && quiet > 0 && quiet >= bound.Limit
+			tooIdle := bound.Source != attempt.IdleBoundNone && quiet > 0 && quiet >= bound.Limit
 			if found == nil && !tooIdle && c.cc.Reserve() == nil {
 				found, idle = c, quiet
 				c.lastUse = now
@@ -275,8 +276,8 @@ func (p *h2Pool) witnessFor(addr string) witness.Witness {
 // dialed records nc as the connection being made for addr, shared by the
 // streams of every request that will use it.
 func (p *h2Pool) dialed(addr string, nc net.Conn) {
-	if wc := witnessConnOf(nc); wc != nil {
-		wc.shared = true
+	if wc := attempt.ConnOf(nc); wc != nil {
+		wc.MarkShared()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

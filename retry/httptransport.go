@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/internal/rawsock"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -132,7 +133,7 @@ func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // its evidence goes to, reported directly rather than through httptrace.
 // order is the header field order (Exchange.FieldOrder; nil: by name),
 // which HTTP/2 ignores. It never retries.
-func (t *HTTPTransport) send(req *http.Request, a *attemptCtx, order []string) (*http.Response, error) {
+func (t *HTTPTransport) send(req *http.Request, a *attempt.Ctx, order []string) (*http.Response, error) {
 	if req.URL == nil {
 		return nil, errors.New("request without URL")
 	}
@@ -191,11 +192,11 @@ func (t *HTTPTransport) dialPlain(ctx context.Context, network, addr string, w w
 	if err != nil {
 		return nil, &DialError{Op: "dial", Addr: addr, Err: err}
 	}
-	wc := newWitnessConn(c)
+	wc := attempt.NewConn(c)
 	if w != nil {
 		// Armed from birth, so that a failure before the request is even
 		// handed to the connection leaves a snapshot.
-		wc.armAtBirth(w)
+		wc.ArmAtBirth(w)
 	}
 	return wc, nil
 }
@@ -241,9 +242,6 @@ func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, proto
 		host, _, _ := net.SplitHostPort(addr)
 		cfg.ServerName = host
 	}
-	if wc := witnessConnOf(raw); wc != nil {
-		wc.tls = true
-	}
 	tc := tls.Client(raw, cfg)
 	trace := httptrace.ContextClientTrace(ctx)
 	if trace != nil && trace.TLSHandshakeStart != nil {
@@ -253,8 +251,8 @@ func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, proto
 	err = tc.HandshakeContext(hctx)
 	cancel()
 	if err == nil {
-		if wc := witnessConnOf(raw); wc != nil {
-			wc.reborn()
+		if wc := attempt.ConnOf(raw); wc != nil {
+			wc.Reborn()
 		}
 	}
 	if trace != nil && trace.TLSHandshakeDone != nil {

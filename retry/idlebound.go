@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/egret-proxy/egret/retry/attempt"
 )
 
 // A request that is not safely idempotent must not be risked on a pooled
@@ -16,42 +18,6 @@ import (
 // be ambiguous. idleBounds learns, per upstream, how long a connection may
 // have been idle and still be trusted with such a request; the pool gives
 // it only connections idle for less, and a fresh one otherwise.
-
-// IdleBoundSource says where an upstream's idle bound was learned.
-type IdleBoundSource uint8
-
-const (
-	// IdleBoundNone: nothing learned; any pooled connection that passes
-	// the liveness check may carry the request.
-	IdleBoundNone IdleBoundSource = iota
-	// IdleBoundKeepAlive: the upstream's `Keep-Alive: timeout=N`.
-	IdleBoundKeepAlive
-	// IdleBoundClose: the upstream was seen to close (or reset) a
-	// connection idle that long.
-	IdleBoundClose
-)
-
-func (s IdleBoundSource) String() string {
-	switch s {
-	case IdleBoundKeepAlive:
-		return "keep-alive timeout"
-	case IdleBoundClose:
-		return "close seen"
-	}
-	return "none"
-}
-
-// IdleBound is what the pool knew of an upstream's idle timeout when an
-// attempt took its connection.
-type IdleBound struct {
-	// Limit: a connection idle this long or longer does not carry a
-	// request that is not safely idempotent (0 with Source none).
-	Limit time.Duration
-	// Seen is what it was learned from: the declared timeout, or the
-	// idle time after which a close was seen.
-	Seen   time.Duration
-	Source IdleBoundSource
-}
 
 const (
 	// maxIdleBounds bounds the upstreams remembered; past it an arbitrary
@@ -78,22 +44,22 @@ type idleEntry struct {
 // FIN takes time to arrive) and half of an idle time after which a close
 // was seen (the close came at some point before it was seen); with both,
 // the lower.
-func (b *idleBounds) bound(key poolKey, now time.Time) IdleBound {
+func (b *idleBounds) bound(key poolKey, now time.Time) attempt.IdleBound {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.m[key]
 	if e == nil {
-		return IdleBound{}
+		return attempt.IdleBound{}
 	}
-	var out IdleBound
+	var out attempt.IdleBound
 	if e.keepAlive > 0 {
-		out = IdleBound{Limit: e.keepAlive * 3 / 4, Seen: e.keepAlive, Source: IdleBoundKeepAlive}
+		out = attempt.IdleBound{Limit: e.keepAlive * 3 / 4, Seen: e.keepAlive, Source: attempt.IdleBoundKeepAlive}
 	}
 	if !e.closeSeen.IsZero() {
 		if now.Sub(e.closeSeen) > closeMemory {
 			e.closedAt, e.closeSeen = 0, time.Time{}
-		} else if l := e.closedAt / 2; out.Source == IdleBoundNone || l < out.Limit {
-			out = IdleBound{Limit: l, Seen: e.closedAt, Source: IdleBoundClose}
+		} else if l := e.closedAt / 2; out.Source == attempt.IdleBoundNone || l < out.Limit {
+			out = attempt.IdleBound{Limit: l, Seen: e.closedAt, Source: attempt.IdleBoundClose}
 		}
 	}
 	return out

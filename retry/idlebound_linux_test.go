@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 	"golang.org/x/sys/unix"
 )
@@ -97,15 +98,15 @@ func TestRiskyRequestWithinKeepAliveBound(t *testing.T) {
 	}
 	want := []struct {
 		reused bool
-		src    IdleBoundSource
-	}{{false, IdleBoundNone}, {true, IdleBoundKeepAlive}, {false, IdleBoundKeepAlive}, {true, IdleBoundNone}}
+		src    attempt.IdleBoundSource
+	}{{false, attempt.IdleBoundNone}, {true, attempt.IdleBoundKeepAlive}, {false, attempt.IdleBoundKeepAlive}, {true, attempt.IdleBoundNone}}
 	for i, tc := range *traces {
 		a := tc.Attempts[0]
 		if a.Reused != want[i].reused || a.IdleBound.Source != want[i].src {
 			t.Errorf("request %d (%s): reused %v, bound %+v; want reused %v, source %s",
 				i, tc.Method, a.Reused, a.IdleBound, want[i].reused, want[i].src)
 		}
-		if a.IdleBound.Source == IdleBoundKeepAlive && (a.IdleBound.Limit != 750*time.Millisecond || a.IdleBound.Seen != time.Second) {
+		if a.IdleBound.Source == attempt.IdleBoundKeepAlive && (a.IdleBound.Limit != 750*time.Millisecond || a.IdleBound.Seen != time.Second) {
 			t.Errorf("request %d: bound %+v, want 750ms from 1s", i, a.IdleBound)
 		}
 	}
@@ -152,7 +153,7 @@ func TestRiskyRequestAfterCloseSeen(t *testing.T) {
 	}
 	for i, tc := range (*traces)[2:] {
 		a := tc.Attempts[0]
-		if a.Reused || a.IdleBound.Source != IdleBoundClose || a.IdleBound.Limit != 750*time.Millisecond {
+		if a.Reused || a.IdleBound.Source != attempt.IdleBoundClose || a.IdleBound.Limit != 750*time.Millisecond {
 			t.Errorf("POST %d: reused %v, bound %+v; want a fresh connection, bound 750ms from a close", i+2, a.Reused, a.IdleBound)
 		}
 	}

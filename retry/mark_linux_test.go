@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/retry/attempt"
 )
 
 func TestSOMark(t *testing.T) {
@@ -32,7 +33,7 @@ func TestSOMark(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	raw, err := rawConnOf(conn)
+	raw, err := attempt.RawConnOf(conn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 	"golang.org/x/sys/unix"
 )
@@ -40,15 +41,15 @@ func TestPeerClosed(t *testing.T) {
 	}
 	defer c.Close()
 	peer := <-accepted
-	wc := newWitnessConn(c)
+	wc := attempt.NewConn(c)
 	pc := &h1Conn{wc: wc}
-	if fin, pending := peerState(wc.raw); fin || pending || pc.stale() {
+	if fin, pending := peerState(wc.Raw()); fin || pending || pc.stale() {
 		t.Fatal("a live idle connection looks closed")
 	}
 	peer.Write([]byte("HTTP/1.1 408 Request Timeout\r\n\r\n"))
 	pc.tls = true // bytes on a TLS connection may be a session ticket; on plain HTTP/1.1 they are an unsolicited answer
 	waitPoll(t, c, unix.POLLIN, "the peer's bytes")
-	if _, pending := peerState(wc.raw); !pending {
+	if _, pending := peerState(wc.Raw()); !pending {
 		t.Fatal("pending bytes not seen")
 	}
 	if pc.stale() {
@@ -62,7 +63,7 @@ func TestPeerClosed(t *testing.T) {
 	}
 	peer.Close()
 	waitPeerFIN(t, c)
-	if fin, _ := peerState(wc.raw); !fin {
+	if fin, _ := peerState(wc.Raw()); !fin {
 		t.Fatal("the peer's close not seen")
 	}
 	if !pc.stale() {
@@ -244,7 +245,7 @@ func TestPeekAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pc := &h1Conn{wc: newWitnessConn(c)}
+	pc := &h1Conn{wc: attempt.NewConn(c)}
 	if pc.stale() {
 		t.Fatal("a live idle connection looks stale")
 	}
@@ -263,7 +264,7 @@ func (w *countingWitness) Snapshot(c syscall.RawConn) (witness.Counters, error) 
 
 // pairConn returns a client connection wrapped for the witness and armed
 // with w, and its server side.
-func pairConn(t *testing.T, w witness.Witness) (*witnessConn, net.Conn) {
+func pairConn(t *testing.T, w witness.Witness) (*attempt.Conn, net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -279,8 +280,8 @@ func pairConn(t *testing.T, w witness.Witness) (*witnessConn, net.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(); peer.Close() })
-	wc := newWitnessConn(c)
-	wc.arm(w)
+	wc := attempt.NewConn(c)
+	wc.Arm(w)
 	return wc, peer
 }
 
@@ -290,7 +291,7 @@ func waitCheck(t *testing.T, pc *h1Conn, want bool, what string) {
 	t.Helper()
 	var stale, decided bool
 	testenv.Poll(2*time.Second, func() bool {
-		stale, decided = pc.wc.checkIdle(pc.tls)
+		stale, decided = pc.wc.CheckIdle(pc.tls)
 		return !decided || stale == want
 	})
 	if !decided {
@@ -354,25 +355,25 @@ func TestIdleCheckBySnapshot(t *testing.T) {
 func TestFreshSnapshotTakenOnce(t *testing.T) {
 	w := &countingWitness{}
 	wc, peer := pairConn(t, w)
-	if stale, decided := wc.checkIdle(false); stale || !decided {
+	if stale, decided := wc.CheckIdle(false); stale || !decided {
 		t.Fatalf("stale %v decided %v", stale, decided)
 	}
-	if _, ok := wc.takeFresh(witness.TCPInfo{}); ok {
+	if _, ok := wc.TakeFresh(witness.TCPInfo{}); ok {
 		t.Fatal("a snapshot taken by another witness was handed out")
 	}
-	wc.checkIdle(false)
-	b, ok := wc.takeFresh(w)
+	wc.CheckIdle(false)
+	b, ok := wc.TakeFresh(w)
 	if !ok || !b.HasBytesSent || b.State != witness.StateEstablished {
 		t.Fatalf("fresh snapshot %+v %v", b, ok)
 	}
-	if _, ok := wc.takeFresh(w); ok {
+	if _, ok := wc.TakeFresh(w); ok {
 		t.Fatal("the fresh snapshot was handed out twice")
 	}
-	wc.checkIdle(false)
+	wc.CheckIdle(false)
 	if _, err := wc.Write([]byte("GET / HTTP/1.1\r\n\r\n")); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := wc.takeFresh(w); ok {
+	if _, ok := wc.TakeFresh(w); ok {
 		t.Fatal("a snapshot older than a write was handed out")
 	}
 	peer.Close()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -49,8 +50,8 @@ func (b rawBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	wc := newWitnessConn(nc)
-	wc.arm(b.w)
+	wc := attempt.NewConn(nc)
+	wc.Arm(b.w)
 	if ct := httptrace.ContextClientTrace(req.Context()); ct != nil && ct.GotConn != nil {
 		ct.GotConn(httptrace.GotConnInfo{Conn: wc})
 	}

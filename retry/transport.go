@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -445,7 +446,7 @@ type run struct {
 	deadline time.Time
 	// ctx is parent bounded by deadline, made on demand (context): only a
 	// retry's wait and a credential refresh need one; attempts have their
-	// own (attemptCtx).
+	// own (attempt.Ctx).
 	ctx    context.Context
 	cancel context.CancelFunc
 	ledger engine.Ledger
@@ -472,8 +473,8 @@ type attemptResult struct {
 	peekBuf *[]byte        // pooled buffer behind peek
 	err     error          // the failure, when resp is nil
 	permit  bool           // a bulkhead permit is held
-	ctx     attemptCtx
-	at      attemptTrace
+	ctx     attempt.Ctx
+	at      attempt.Trace
 	req     http.Request // the attempt's request, in this allocation
 	url     url.URL      // its URL when an endpoint was picked (Exchange.Endpoints)
 	picked  bool         // Endpoints.Pick chose this attempt's endpoint
@@ -658,12 +659,12 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 	rn := r.rn
 	rec.Start = rn.now()
 	at := &ar.at
-	at.w = rn.Witness
-	at.risky = !r.idempotent
-	ar.ctx.start(r.parent, at, r.deadline, r.pol.AttemptTimeout)
+	at.Witness = rn.Witness
+	at.Risky = !r.idempotent
+	ar.ctx.Start(r.parent, at, r.deadline, r.pol.AttemptTimeout)
 	var actx context.Context = &ar.ctx
 	if r.ht == nil {
-		actx = httptrace.WithClientTrace(actx, at.clientTrace())
+		actx = httptrace.WithClientTrace(actx, at.ClientTrace())
 	}
 	defer func() { rec.Duration = rn.now().Sub(rec.Start) }()
 
@@ -727,7 +728,7 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 		resp, err = r.base.RoundTrip(areq)
 	}
 	// From here on only the overall deadline bounds the attempt (its body).
-	fired := ar.ctx.headArrived()
+	fired := ar.ctx.HeadArrived()
 	if err == nil && fired {
 		// The head came as the timer ended the attempt: too late.
 		resp.Body.Close()
@@ -735,20 +736,19 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 		if err == nil {
 			// The timer has marked the attempt timed out but is still
 			// freezing the connection: it has not ended it yet.
-			err = errAttemptTimeout
+			err = attempt.ErrTimeout
 		}
 	}
-	at.mu.Lock()
-	rec.HiddenRetries = at.hidden
-	rec.Reused, rec.Idle, rec.IdleBound = at.reused, at.idle, at.bound
-	at.mu.Unlock()
+	pr := at.Progress()
+	rec.HiddenRetries = pr.Hidden
+	rec.Reused, rec.Idle, rec.IdleBound = pr.Reused, pr.Idle, pr.Bound
 	if err != nil {
 		// fired is final: once the head phase ended, the timer can no
 		// longer end the attempt as a timeout.
 		timedOut := fired || errors.Is(r.over(), context.DeadlineExceeded)
 		ar.err = err
 		rec.Err = err.Error()
-		rec.Failure, rec.Stage = at.classify(err, timedOut)
+		rec.Failure, rec.Stage = classify(&pr, err, timedOut)
 		rec.Evidence = rec.Failure.Evidence()
 		r.witness(at, rec)
 		return
@@ -783,17 +783,16 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 }
 
 // witness lets the kernel witness upgrade sent_no_response to not_sent.
-func (r *run) witness(at *attemptTrace, rec *Attempt) {
+func (r *run) witness(at *attempt.Trace, rec *Attempt) {
 	if r.rn.Witness == nil || rec.Evidence != engine.SentNoResponse {
 		return
 	}
-	at.mu.Lock()
-	before, hasBefore, movedAfterWrite, ended := at.before, at.hasBefore, at.hidden > 0, at.endBeforeAnswer
-	at.mu.Unlock()
+	pr := at.Progress()
+	before, hasBefore, movedAfterWrite, ended := pr.Before, pr.HasBefore, pr.Hidden > 0, pr.EndBeforeAnswer
 	if !hasBefore || movedAfterWrite {
 		return
 	}
-	after, ok := at.after()
+	after, ok := at.After()
 	rec.WitnessBefore = before
 	if !ok {
 		return
@@ -846,7 +845,7 @@ func (r *run) done(ar *attemptResult) {
 		ar.resp = nil
 	}
 	ar.leave(r.bulkhead)
-	ar.ctx.finish()
+	ar.ctx.Finish()
 }
 
 // decide asks the engine about the attempt rec and records the answer.
@@ -1042,7 +1041,7 @@ func (r *run) finish(bodyErr error) *Trace {
 		}
 		if ar := r.body.ar; ar != nil {
 			ar.leave(r.bulkhead)
-			ar.ctx.finish()
+			ar.ctx.Finish()
 		}
 		r.complete()
 	})

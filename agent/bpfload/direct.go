@@ -247,7 +247,7 @@ func (l *Loader) NodeDirectStats() (DirectStats, error) {
 // forgetPodDirect deletes the pod's learned-direct destinations and its
 // counters (folded into the node-wide sums first).
 func (l *Loader) forgetPodDirect(podID uint64) error {
-	err := l.forgetLearned(podID)
+	err := errors.Join(l.forgetLearned(podID), l.forgetPodFlows(podID))
 	var st bpf.EgretDirectStats
 	if serr := l.objs.EgretDirectStats.LookupAndDelete(podID, &st); serr == nil {
 		l.directMu.Lock()

@@ -90,6 +90,9 @@ type Loader struct {
 	// pods detached by this Loader (NodeDirectStats).
 	directMu      sync.Mutex
 	retiredDirect DirectStats
+	// retiredFlows: the flow outcomes of the pods detached by this
+	// Loader, by path (NodeFlows), also guarded by directMu.
+	retiredFlows map[FlowPath]FlowStats
 }
 
 // Probe checks, without loading egret's programs, that the kernel has every
@@ -356,6 +359,7 @@ func (l *Loader) Remove() error {
 		l.objs.EgretPods, l.objs.EgretGlobals, l.objs.EgretExcl, l.objs.EgretRedirSk,
 		l.objs.EgretTuples, l.objs.EgretWitness, l.objs.EgretEvents,
 		l.objs.EgretDirect, l.objs.EgretDirectSk, l.objs.EgretDirectStats, l.objs.EgretAlive,
+		l.objs.EgretFlows, l.objs.EgretFlowSk,
 	} {
 		if m != nil && m.IsPinned() {
 			if err := m.Unpin(); err != nil {

@@ -36,6 +36,11 @@ func (busyNode) SummaryParts() agent.SummaryParts {
 			})
 		}
 	}
+	for _, path := range []string{"direct_port", "direct_cidr", "learned_direct", "fail_open"} {
+		p.Direct = append(p.Direct, agent.DirectSummary{Namespace: ns, Pod: "checkout-api-gateway-7d9f8b6c5d-x2k40",
+			Path: path, Connects: 12345678, Established: 12000000, Refused: 123456, TimedOut: 23456, Unreachable: 3456,
+			ResetBeforeAck: 45678, ResetAfterAck: 56789, Retransmits: 1234567, SafeToRetry: 196046, Ambiguous: 56789})
+	}
 	p.Budgets = []agent.UpstreamStatus{{Upstream: "api.payment-provider-sandbox.example.com:443", Tokens: 1234.5}}
 	for i := range 5 {
 		p.Recent = append(p.Recent, agent.RecentRequest{ID: fmt.Sprintf("8e13ac3b035fce9%d", i),
@@ -65,10 +70,11 @@ func TestNodePageFitsAt1280(t *testing.T) {
 	if err := page.Navigate(ctx, srv.URL+"/"); err != nil {
 		t.Fatal(err)
 	}
-	// Every table filled: pods, upstreams, pods by upstream, recent.
+	// Every table filled: pods, upstreams, pods by upstream, direct, recent.
 	var n int
 	if err := page.WaitFor(ctx, `document.querySelectorAll("#pods tbody tr td:not(.empty)").length > 0 &&
   document.querySelectorAll("#flows tbody tr td:not(.empty)").length > 0 &&
+  document.querySelectorAll("#direct tbody tr td:not(.empty)").length > 0 &&
   document.querySelectorAll("#recent tbody tr td:not(.empty)").length > 0 &&
   document.querySelectorAll("tbody tr").length`, &n); err != nil {
 		t.Fatal(err)
@@ -94,8 +100,8 @@ func TestNodePageFitsAt1280(t *testing.T) {
 	if got.Viewport != 1280 {
 		t.Fatalf("viewport %d px, want 1280", got.Viewport)
 	}
-	if len(got.Tables) != 4 {
-		t.Fatalf("%d tables, want 4", len(got.Tables))
+	if len(got.Tables) != 5 {
+		t.Fatalf("%d tables, want 5", len(got.Tables))
 	}
 	for _, tb := range got.Tables {
 		if tb.Width > tb.Container+0.5 {

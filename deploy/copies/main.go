@@ -1,5 +1,7 @@
 // Command copies writes the copies of egret's alert rules and node
-// dashboard that the kustomize components and the Helm chart carry:
+// dashboard that the kustomize components and the Helm chart carry, and
+// the chart's copy of the node policy's default text (its template tells
+// the policy value left at its default from one set):
 // neither kustomize (its load restrictor) nor Helm (.Files) reads a file
 // outside its own directory. deploy's tests check that every copy is the
 // same as its source.
@@ -12,12 +14,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"sigs.k8s.io/yaml"
 )
 
 // Sources, relative to deploy/.
 const (
 	rules     = "prometheus/egret-rules.yaml"
 	dashboard = "dashboards/egret-node.json"
+	policy    = "kubernetes/policy.yaml" // a ConfigMap: its data's policy.yaml
 )
 
 // ruleHeader opens the PrometheusRule of the kustomize component; the rule
@@ -51,6 +56,19 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	cm, err := os.ReadFile(policy)
+	if err != nil {
+		return err
+	}
+	var pol struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal(cm, &pol); err != nil {
+		return fmt.Errorf("%s: %w", policy, err)
+	}
+	if pol.Data["policy.yaml"] == "" {
+		return fmt.Errorf("%s: no data policy.yaml", policy)
+	}
 	var pr bytes.Buffer
 	pr.WriteString(ruleHeader)
 	for _, line := range bytes.SplitAfter(r, []byte("\n")) {
@@ -64,6 +82,7 @@ func run() error {
 		"kubernetes/components/dashboard/egret-node.json":          d,
 		"helm/egret/files/egret-rules.yaml":                        r,
 		"helm/egret/files/egret-node.json":                         d,
+		"helm/egret/files/default-policy.yaml":                     []byte(pol.Data["policy.yaml"]),
 	}
 	for f, data := range out {
 		if old, err := os.ReadFile(f); err == nil && bytes.Equal(old, data) {

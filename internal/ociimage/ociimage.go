@@ -1,11 +1,13 @@
 // Package ociimage writes a container image as an OCI image layout archive
 // (a tar of oci-layout, index.json and blobs/sha256/…) with one layer,
-// without a registry, a daemon or a base image. The archive is what `ctr
-// images import`, `podman load` and (Docker 25 or later) `docker load`
-// take, and what `skopeo copy oci-archive:…`, `crane push` and `oras cp
-// --from-oci-layout` push to a registry. Write makes a one-platform
-// image (the images of test/kubenode); WriteIndex an image index of
-// several platforms under one name (egret's image, deploy/image).
+// without a registry, a daemon or a base image. `ctr images import` takes
+// the archive (deploy/image/imagebuild tests it with an index); `podman
+// load` and (Docker 25 or later) `docker load` are said to take it, and
+// `skopeo copy oci-archive:…`, `crane push` and `oras cp
+// --from-oci-layout` to push it to a registry (none of these tested).
+// Write makes a one-platform image (the images of test/kubenode);
+// WriteIndex an image index of several platforms under one name (egret's
+// image, deploy/image).
 //
 // The output is reproducible: the same files give the same bytes (entries
 // sorted, times zero, owner root).

@@ -96,7 +96,7 @@ func (r *Refresher) Apply(req *http.Request) {
 	}
 }
 
-// authorize is retry.Policy.Refresh: refresh, then rewrite the request's
+// authorize is Retry.Refresh: refresh, then rewrite the request's
 // credentials.
 func (r *Refresher) authorize(ctx context.Context, req *http.Request) error {
 	if err := r.Refresh(ctx); err != nil {

@@ -2,9 +2,10 @@
 // document that says, per upstream (matched by host and port), how many
 // attempts, which timeouts, which backoff and budget, which routes are
 // idempotent, how bodies are buffered, whether to speak TLS and how to
-// refresh a bearer credential. It turns the matched upstream into the
-// retry.Policy the proxy's attempt runner consumes, and a Watcher reloads the
-// file on change without ever replacing a good policy by a bad one.
+// refresh a bearer credential. It turns the matched upstream into a Retry,
+// what one request to it allows (the proxy converts it for its attempt
+// runner), and a Watcher reloads the file on change without ever replacing a
+// good policy by a bad one. It imports nothing of the retry layer.
 //
 // A Policy is immutable once built: share it freely between goroutines.
 package policy
@@ -26,7 +27,6 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/retry"
 )
 
 // Protocol is how egret speaks to an upstream.
@@ -316,17 +316,15 @@ func (u *Upstream) CredentialAllowed(dst netip.Addr) bool {
 // builtin is the embedded default upstream policy: the spec's simulate
 // defaults with a 15 s overall timeout.
 func builtin() Upstream {
-	d := retry.DefaultPolicy("")
 	return Upstream{
-		MaxAttempts:    d.MaxAttempts,
-		Timeout:        d.Timeout,
-		AttemptTimeout: d.AttemptTimeout,
-		MinAttempt:     d.MinAttempt,
-		Backoff:        d.Backoff,
-		Budget:         d.Budget,
-		MethodDefault:  true,
-		Body:           BodyLimits{MemoryLimit: DefaultMemoryLimit, SpoolLimit: DefaultSpoolLimit},
-		Protocol:       ProtocolAuto,
+		MaxAttempts:   engine.DefaultMaxAttempts,
+		Timeout:       DefaultTimeout,
+		MinAttempt:    engine.DefaultMinAttempt,
+		Backoff:       engine.DefaultBackoff,
+		Budget:        engine.DefaultBudget,
+		MethodDefault: true,
+		Body:          BodyLimits{MemoryLimit: DefaultMemoryLimit, SpoolLimit: DefaultSpoolLimit},
+		Protocol:      ProtocolAuto,
 	}
 }
 
@@ -535,14 +533,40 @@ func NewIdempotencyKey() string {
 	return string(out[:])
 }
 
-// RetryPolicy is the retry.Policy for one request to this upstream. Its
+// Retry is what one request to an upstream allows: its attempts, timeouts,
+// backoff, budget (named by Upstream), transient statuses, idempotency and
+// credential refresh. The proxy converts it into its attempt runner's
+// policy where it hands the request over.
+type Retry struct {
+	// Upstream names the retry budget, e.g. "api.example.com:443".
+	Upstream    string
+	MaxAttempts int
+	// Timeout bounds the whole request, waits included (0: none);
+	// AttemptTimeout one attempt up to its response head (0: none);
+	// MinAttempt is the least time worth starting an attempt in.
+	Timeout           time.Duration
+	AttemptTimeout    time.Duration
+	MinAttempt        time.Duration
+	Backoff           engine.Backoff
+	Budget            engine.BudgetConfig
+	TransientStatuses []int
+	Idempotency       engine.Idempotency
+	// Refresh, when set, renews the credential after a 401 and rewrites
+	// the request's credentials.
+	Refresh func(ctx context.Context, req *http.Request) error
+}
+
+// DefaultTimeout is the embedded default's overall timeout of a request.
+const DefaultTimeout = 15 * time.Second
+
+// RetryPolicy is the Retry of one request to this upstream. Its
 // Idempotency carries the matched route, the upstream's keys and method
 // default; the attempt runner resolves it with the request's own
 // Idempotency-Key header (after any injection). Refresh is set when the
 // upstream has a credential: it renews the token and sets
 // "Authorization: Bearer <token>" on the request.
-func (u *Upstream) RetryPolicy(method, path string) retry.Policy {
-	return retry.Policy{
+func (u *Upstream) RetryPolicy(method, path string) Retry {
+	return Retry{
 		Upstream:          u.Name,
 		MaxAttempts:       u.MaxAttempts,
 		Timeout:           u.Timeout,

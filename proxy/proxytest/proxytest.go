@@ -61,8 +61,11 @@ func Traffic(t testing.TB, pol proxy.PolicySource, pm *proxy.Metrics, rm *retry.
 	closed.Close()
 
 	srv, err := proxy.New(proxy.Config{
-		Mode: proxy.Explicit, Policy: pol, Budgets: engine.NewBudgets(), Bulkheads: proxy.NewBulkheads(),
-		Traces: proxy.NewTraces(16), Metrics: pm, RetryMetrics: rm, Logger: slog.New(slog.DiscardHandler),
+		Mode:   proxy.Explicit,
+		Policy: pol,
+		Shared: proxy.Shared{Budgets: engine.NewBudgets(), Bulkheads: proxy.NewBulkheads(), Metrics: pm, RetryMetrics: rm},
+		Traces: proxy.NewTraces(16),
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)

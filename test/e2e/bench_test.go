@@ -51,8 +51,12 @@ func TestRedirectBenchmark(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := &netns.Dialer{NS: iptPod.ns, Mark: n.loader.Mark(), Timeout: 5 * time.Second}
-	psrv, err := proxy.New(proxy.Config{Mode: proxy.Transparent, Resolver: proxy.SockoptResolver{},
-		Dial: d.DialContext, Witness: n.loader.Witness()})
+	psrv, err := proxy.New(proxy.Config{
+		Mode:     proxy.Transparent,
+		Resolver: proxy.SockoptResolver{},
+		Dial:     d.DialContext,
+		Shared:   proxy.Shared{Witness: n.loader.Witness()},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

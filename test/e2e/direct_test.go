@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/internal/promtest"
@@ -86,7 +87,7 @@ func TestLearnedDirectKeepsRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	n := newNode(t, nodeOpts{proxy: proxy.Config{Metrics: pm},
+	n := newNode(t, nodeOpts{proxy: proxy.Config{Shared: proxy.Shared{Metrics: pm}},
 		logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	p := n.addPod(t, "web", podOpts{})
 	off := n.addPod(t, "nolearn", podOpts{spec: pods.Pod{Learn: pods.Learning{Off: true}}})
@@ -175,6 +176,18 @@ func TestLearnedDirectKeepsRefusal(t *testing.T) {
 		t.Fatalf("direct stats %+v", st)
 	}
 	t.Logf("direct stats of the pod: %+v", st)
+	// And the agent names them: the pod's learned-direct connects, the
+	// refusals each a failure a retry could have fixed safely.
+	var web *agent.DirectSummary
+	for _, d := range n.agent.DirectSummaries() {
+		if d.Pod == "web" && d.Path == "learned_direct" {
+			web = &d
+		}
+	}
+	if web == nil || web.Refused != 2*count || web.SafeToRetry != 2*count || web.Connects != 2*count+1 ||
+		web.Established != 1 || web.Ambiguous != 0 {
+		t.Fatalf("direct summary of web: %+v", web)
+	}
 
 	// HTTP on the same host still comes to egret and is retried, before
 	// and after everything above.

@@ -100,7 +100,7 @@ func TestTenantIsolation(t *testing.T) {
 	dns := dnstest.Start(t)
 	pol := &policyBox{}
 	pol.p.Store(policy.Default())
-	n := newNode(t, nodeOpts{proxy: proxy.Config{Policy: pol, Names: &proxy.Names{Resolver: dns.Resolver()}}})
+	n := newNode(t, nodeOpts{proxy: proxy.Config{Policy: pol, Shared: proxy.Shared{Names: &proxy.Names{Resolver: dns.Resolver()}}}})
 	a := n.addPod(t, "tenant-a", podOpts{})
 	b := n.addPod(t, "tenant-b", podOpts{})
 
@@ -209,8 +209,10 @@ func TestForwardProxyPod(t *testing.T) {
 	// The pod's forward proxy: an egret in explicit mode, which answers an
 	// origin-form request 400, so a 200 shows the absolute form arrived.
 	seen := &lineLog{lines: make(chan struct{}, 16)}
-	fwd, err := proxy.New(proxy.Config{Logger: slog.New(slog.NewTextHandler(seen, nil)),
-		ConnectPorts: []int{oln.Addr().(*net.TCPAddr).Port}})
+	fwd, err := proxy.New(proxy.Config{
+		Logger: slog.New(slog.NewTextHandler(seen, nil)),
+		Bounds: proxy.Bounds{ConnectPorts: []int{oln.Addr().(*net.TCPAddr).Port}},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

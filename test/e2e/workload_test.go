@@ -34,7 +34,7 @@ func TestWorkloadMetrics(t *testing.T) {
 	}
 	src := &settablePolicy{}
 	src.p.Store(policy.Default())
-	n := newNode(t, nodeOpts{proxy: proxy.Config{Policy: src, Metrics: pm}})
+	n := newNode(t, nodeOpts{proxy: proxy.Config{Policy: src, Shared: proxy.Shared{Metrics: pm}}})
 	web := n.addPod(t, "shop/web", podOpts{spec: pods.Pod{Workload: "deployment/web"}})
 	worker := n.addPod(t, "shop/worker", podOpts{spec: pods.Pod{Workload: "statefulset/worker"}})
 	// Three upstreams on the web pod's host end, reachable from both pods.

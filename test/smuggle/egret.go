@@ -130,8 +130,11 @@ func (e *Egret) Run(c *Case) (*Result, error) {
 	}
 	sink, learn := &logSink{}, &learner{}
 	cfg := proxy.Config{
-		Mode: proxy.Explicit, Policy: e.pol, Budgets: e.budgets, Bulkheads: e.bulk, Traces: e.traces,
-		Logger: slog.New(sink), LogQuery: true, Via: "egret",
+		Mode:   proxy.Explicit,
+		Policy: e.pol,
+		Shared: proxy.Shared{Budgets: e.budgets, Bulkheads: e.bulk, LogQuery: true, Via: "egret"},
+		Traces: e.traces,
+		Logger: slog.New(sink),
 	}
 	if e.Mode == Transparent {
 		cfg.Mode, cfg.Resolver, cfg.Learner, cfg.Via = proxy.Transparent, &proxy.StaticResolver{Dst: dst}, learn, ""

@@ -95,9 +95,9 @@ func startEgret(t *testing.T, doc string) (*url.URL, *proxy.Traces) {
 		t.Fatalf("policy: %v\n%s", err, doc)
 	}
 	srv, err := proxy.New(proxy.Config{
-		Mode:    proxy.Explicit,
-		Policy:  proxy.StaticPolicy{P: pol},
-		Witness: witness.TCPInfo{},
+		Mode:   proxy.Explicit,
+		Policy: proxy.StaticPolicy{P: pol},
+		Shared: proxy.Shared{Witness: witness.TCPInfo{}},
 		// Every request's trace is kept, for the report of a violation.
 		Traces: proxy.NewTraces(1 << 15),
 	})

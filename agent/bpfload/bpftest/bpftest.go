@@ -194,7 +194,9 @@ func NewNetns(t testing.TB, loAddrs ...string) netns.NsHandle {
 type Op struct {
 	// Kind: "listen", "dial" (TCP), "udp" (connect a UDP socket), or
 	// "connectloop" (Count TCP connects to Addr, each closed at once,
-	// timed; no socket comes back).
+	// timed; no socket comes back), or "refuseloop" (Count TCP connects
+	// to Addr's address and Count consecutive ports from Addr's, each of
+	// which must be refused; no socket comes back).
 	Kind    string
 	Family  int    // unix.AF_INET or unix.AF_INET6
 	Addr    string // address to listen on or dial, "ip:port"
@@ -202,6 +204,10 @@ type Op struct {
 	Mark    uint32 // optional SO_MARK
 	Timeout time.Duration
 	Count   int
+	// SynCnt, if not 0, sets TCP_SYNCNT on the socket before connecting:
+	// how many SYN retransmissions before connect fails with ETIMEDOUT
+	// (1: about 3 s), without touching the host's tcp_syn_retries.
+	SynCnt int
 }
 
 // Result is what the child reports with the socket.
@@ -326,6 +332,9 @@ func childOp(op Op) (int, Result) {
 	if op.Kind == "connectloop" {
 		return -1, connectLoop(op)
 	}
+	if op.Kind == "refuseloop" {
+		return -1, refuseLoop(op)
+	}
 	typ := unix.SOCK_STREAM
 	if op.Kind == "udp" {
 		typ = unix.SOCK_DGRAM
@@ -343,6 +352,11 @@ func childOp(op Op) (int, Result) {
 	if op.Mark != 0 {
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(op.Mark)); err != nil {
 			return fail("SO_MARK", err)
+		}
+	}
+	if op.SynCnt != 0 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_SYNCNT, op.SynCnt); err != nil {
+			return fail("TCP_SYNCNT", err)
 		}
 	}
 	if op.Timeout == 0 {
@@ -502,5 +516,33 @@ func connectLoop(op Op) Result {
 		}
 	}
 	res.Nanos = time.Since(start).Nanoseconds()
+	return res
+}
+
+func refuseLoop(op Op) Result {
+	var res Result
+	ap, err := netip.ParseAddrPort(op.Addr)
+	if err != nil || int(ap.Port())+op.Count > 65536 {
+		res.Err = fmt.Sprintf("refuseloop %s x %d: %v", op.Addr, op.Count, err)
+		return res
+	}
+	for i := 0; i < op.Count; i++ {
+		addr, err := sockaddr(op.Family, netip.AddrPortFrom(ap.Addr(), ap.Port()+uint16(i)).String())
+		if err != nil {
+			res.Err = err.Error()
+			return res
+		}
+		fd, err := unix.Socket(op.Family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			res.Err = "socket: " + err.Error()
+			return res
+		}
+		err = unix.Connect(fd, addr)
+		unix.Close(fd)
+		if err != unix.ECONNREFUSED {
+			res.Err = fmt.Sprintf("connect %d: %v, want ECONNREFUSED", i, err)
+			return res
+		}
+	}
 	return res
 }

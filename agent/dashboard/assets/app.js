@@ -72,6 +72,24 @@ function render(s) {
   fill(document.querySelector("#flows tbody"), s.flows.map(f => [
     name(f.namespace ? f.namespace + "/" + f.pod : f.pod), name(f.upstream), ...rateCells(f.rates), ...countCells(f.counts),
   ]), 12, "none");
+  // What egret does not proxy: refused, timed out, unreachable and reset
+  // before any byte was acked would have been not_sent (a retry was safe);
+  // reset after acked bytes, sent_no_response (ambiguous).
+  const direct = s.direct || [];
+  let safe = 0, ambiguous = 0;
+  for (const d of direct) {
+    safe += d.safe_to_retry;
+    ambiguous += d.ambiguous;
+  }
+  document.getElementById("direct-safe").textContent = direct.length === 0 ? "No direct connections seen." :
+    safe + " failure" + (safe === 1 ? "" : "s") + " a retry could have fixed safely (nothing of the pod's was acknowledged: not sent); " +
+    ambiguous + " reset after acknowledged bytes (ambiguous unless idempotent).";
+  fill(document.querySelector("#direct tbody"), direct.map(d => [
+    name(d.namespace ? d.namespace + "/" + d.pod : d.pod), el("td", d.path), num(d.connects), num(d.established),
+    num(d.refused, d.refused > 0), num(d.timed_out, d.timed_out > 0), num(d.unreachable, d.unreachable > 0),
+    num(d.reset_before_ack, d.reset_before_ack > 0), num(d.reset_after_ack, d.reset_after_ack > 0),
+    num(d.retransmits), num(d.safe_to_retry, d.safe_to_retry > 0),
+  ]), 11, "none");
   fill(document.querySelector("#recent tbody"), s.recent.map(r => {
     const link = el("a", r.id);
     link.href = "/explain/" + encodeURIComponent(r.id);

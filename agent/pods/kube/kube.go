@@ -38,7 +38,6 @@ import (
 
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	"github.com/egret-proxy/egret/retry"
 )
 
 // Sentinel errors; match them with errors.Is.
@@ -391,11 +390,11 @@ func (r *run) resolve(pod *corev1.Pod) (pods.Pod, bool) {
 const ReasonAmbiguous = "EgretAmbiguous"
 
 // Ambiguous records a Warning Event (ReasonAmbiguous) on the pod named
-// namespace/name: egret answered its request tr ambiguous. The URL is
+// namespace/name: egret answered its request r ambiguous. The URL is
 // given without its query string (it may carry a token). A pod the source
 // does not know (gone meanwhile) gets none. It implements the agent's
 // Reporter.
-func (s *Source) Ambiguous(pod string, tr retry.Trace) {
+func (s *Source) Ambiguous(pod string, r pods.AmbiguousRequest) {
 	sp := s.store.Load()
 	if sp == nil || s.cfg.Recorder == nil {
 		return
@@ -404,13 +403,13 @@ func (s *Source) Ambiguous(pod string, tr retry.Trace) {
 	if err != nil || !ok {
 		return
 	}
-	u := tr.URL
+	u := r.URL
 	if i := strings.IndexAny(u, "?#"); i >= 0 {
 		u = u[:i]
 	}
 	s.cfg.Recorder.Eventf(obj.(*corev1.Pod), corev1.EventTypeWarning, ReasonAmbiguous,
 		"request %s: %s %s to %s may have run upstream: egret cannot tell, so it did not retry and answered Egret-Outcome: ambiguous after %d attempt(s) (egret explain %s)",
-		tr.RequestID, tr.Method, u, tr.Upstream, len(tr.Attempts), tr.RequestID)
+		r.RequestID, r.Method, u, r.Upstream, r.Attempts, r.RequestID)
 }
 
 // problem reports err about pod once (until it changes or goes away).

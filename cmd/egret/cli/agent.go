@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/egret-proxy/egret/agent/services"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,11 +20,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v2"
 
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/keeper"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/agent/pods/kube"
 	"github.com/egret-proxy/egret/proxy"
@@ -91,13 +92,7 @@ func kernelError(err error) error {
 }
 
 func runAgent(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return unknownCommand("egret agent", c.Command.Subcommands, c.Args().First())
-	}
-	if err := checkPprof(c); err != nil {
-		return err
-	}
-	if err := checkPodSource(c); err != nil {
+	if err := checkAgentArgs(c); err != nil {
 		return err
 	}
 	log, stopProcess, err := startProcess(c)
@@ -105,102 +100,202 @@ func runAgent(c *cli.Context) error {
 		return err
 	}
 	defer stopProcess()
-	access, err := accessLog(c)
+	shared, err := sharedSettings(c)
 	if err != nil {
 		return err
 	}
 	if os.Geteuid() != 0 {
 		return kernelError(bpfload.ErrNotRoot)
 	}
+	port, podLimits, err := readAgentFlags(c)
+	if err != nil {
+		return err
+	}
+	fds := podDescriptors(c, log, podLimits)
+	// What the pod source reports goes to the agent (made below, before
+	// the source runs).
+	var a *agent.Agent
+	ps, err := openPodSource(c, log, func(err error) { a.SourceError(err) })
+	if err != nil {
+		return err
+	}
+	defer ps.stop()
+	if err := bpfload.Probe(); err != nil {
+		return kernelError(err)
+	}
+	reg := newRegistry()
+	if shared.Metrics, err = newProxyMetrics(c, reg); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var gone agent.GoneEndpoints
+	shared.Services, gone = ps.watchServices(ctx)
+	pol, _, err := watchPolicy(ctx, c, log, reg)
+	if err != nil {
+		return err
+	}
+	node, err := enterNode(c, log)
+	if err != nil {
+		return err
+	}
+	defer node.closeKeeper()
+	a, err = agent.New(agent.Config{
+		Attacher:      node.l,
+		Source:        ps.src,
+		SelfCgroup:    node.cg.self,
+		Mark:          node.l.Mark(),
+		Witness:       node.l.Witness(),
+		ListenPort:    uint16(port),
+		Policy:        pol,
+		Proxy:         proxy.Config{Shared: shared},
+		Endpoints:     gone,
+		ShutdownGrace: c.Duration("grace"),
+		CleanupOnExit: c.Bool("cleanup"),
+		Reporter:      ps.reporter,
+		Keeper:        node.keeper(),
+		Kept:          node.kept,
+		PodLimits:     podLimits,
+		FDs:           fds,
+		Logger:        log,
+		Registerer:    reg,
+	})
+	if err != nil {
+		node.l.Close()
+		return cli.Exit(err.Error(), 1)
+	}
+	ps.tell(a, log)
+	closeMetrics, err := serveAgentAPIs(ctx, c, a, reg, log)
+	if err != nil {
+		node.l.Close()
+		return err
+	}
+	defer closeMetrics()
+	log.Info("egret agent running", append(ps.desc, "pin_dir", node.l.PinDir(),
+		"cgroup", node.cg.self, "listen_port", port, "adopted_pods", node.adopted, "admin", c.String("admin"))...)
+	cleanup, runErr := runAgentUntil(ctx, a, ps.install, c.Bool("cleanup"), log)
+	node.release(cleanup, log)
+	if runErr != nil {
+		return cli.Exit(runErr.Error(), 1)
+	}
+	return nil
+}
+
+// checkAgentArgs refuses arguments (but the subcommands), --pprof without
+// --metrics and anything but one pod source.
+func checkAgentArgs(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return unknownCommand("egret agent", c.Command.Subcommands, c.Args().First())
+	}
+	if err := checkPprof(c); err != nil {
+		return err
+	}
+	return checkPodSource(c)
+}
+
+// readAgentFlags reads --listen-port and the limits of pods that set
+// none of their own.
+func readAgentFlags(c *cli.Context) (uint, proxy.Limits, error) {
 	port := c.Uint("listen-port")
 	if port == 0 || port > 65535 {
-		return usage("--listen-port %d: expected a port number, 1 to 65535", port)
+		return 0, proxy.Limits{}, usage("--listen-port %d: expected a port number, 1 to 65535", port)
 	}
 	podLimits := proxy.Limits{Conns: c.Int("pod-max-connections"), InFlight: c.Int("pod-max-in-flight")}
 	if podLimits.Conns < 0 || podLimits.InFlight < 0 || c.Int("fd-reserve") < 0 {
-		return cli.Exit("--pod-max-connections, --pod-max-in-flight and --fd-reserve cannot be negative", 2)
+		return 0, proxy.Limits{}, cli.Exit("--pod-max-connections, --pod-max-in-flight and --fd-reserve cannot be negative", 2)
 	}
 	if v := c.String("pod-max-spool-bytes"); v != "" {
 		n, err := policy.ParseSize(v)
 		if err != nil {
-			return cli.Exit("--pod-max-spool-bytes: "+err.Error(), 2)
+			return 0, proxy.Limits{}, cli.Exit("--pod-max-spool-bytes: "+err.Error(), 2)
 		}
 		podLimits.SpoolBytes = n
 	}
-	nofile, err := raiseNoFile()
-	if err != nil {
-		log.Warn("cannot raise the file descriptor limit", "limit", nofile, "err", err)
-	}
-	fds := proxy.NewFDs(int(min(nofile, 1<<30)), c.Int("fd-reserve"))
+	return port, podLimits, nil
+}
+
+// podDescriptors is the account of the descriptors the pods may take,
+// --fd-reserve kept for egret, and says how it is shared.
+func podDescriptors(c *cli.Context, log *slog.Logger, podLimits proxy.Limits) *proxy.FDs {
+	fds, nofile := descriptors(log, c.Int("fd-reserve"))
 	defConns := podLimits.Conns
 	if defConns == 0 {
 		defConns = fds.FairShare()
 	}
 	log.Info("file descriptors", "limit", nofile, "for_pods", fds.Capacity(), "pod_connections", defConns)
-	// The pod source: a pods file, or the Kubernetes API. What it reports
-	// goes to the agent (made below, before the source runs).
-	var a *agent.Agent
-	var (
-		src  pods.Source
-		file *pods.File
-		desc []any
-	)
-	var install *kube.Install
-	var reporter agent.Reporter
-	var svcs *services.Table
-	var svcWatch *services.Watcher
-	if c.Bool("kubernetes") {
-		if svcs, svcWatch, err = kubeServices(c, log); err != nil {
-			return err
-		}
-		ks, d, stopRec, inst, err := kubeSource(c, log, func(err error) { a.SourceError(err) })
-		if err != nil {
-			return err
-		}
-		defer stopRec()
-		src, desc, install, reporter = ks, d, inst, ks
-		if install != nil {
-			defer install.Close()
-		}
-	} else {
-		file, err = pods.NewFile(c.String("pods"))
-		if err != nil {
-			return cli.Exit(err.Error(), 2)
-		}
-		src, desc = file, []any{"pods_file", file.Path(), "pods", len(file.Pods())}
-	}
-	if err := bpfload.Probe(); err != nil {
-		return kernelError(err)
-	}
+	return fds
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	pm, err := newProxyMetrics(c, reg)
+// podSource is where the agent's pods come from, a pods file (--pods) or
+// the Kubernetes API (--kubernetes), and what comes with the latter.
+type podSource struct {
+	src  pods.Source
+	file *pods.File // --pods
+	desc []any      // what the agent's start line says of it
+	// install tells an uninstall from a restart (nil: it cannot);
+	// reporter records Events on the pods; svcs, filled by svcWatch, are
+	// the node's Services.
+	install  *kube.Install
+	reporter agent.Reporter
+	svcs     *services.Table
+	svcWatch *services.Watcher
+	stop     func()
+}
+
+func openPodSource(c *cli.Context, log *slog.Logger, onError func(error)) (*podSource, error) {
+	if !c.Bool("kubernetes") {
+		file, err := pods.NewFile(c.String("pods"))
+		if err != nil {
+			return nil, cli.Exit(err.Error(), 2)
+		}
+		return &podSource{src: file, file: file, desc: []any{"pods_file", file.Path(), "pods", len(file.Pods())}, stop: func() {}}, nil
+	}
+	svcs, svcWatch, err := kubeServices(c, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	proxyCfg := proxy.Config{Metrics: pm, AccessLog: access, LogQuery: c.Bool("log-query")}
-	var gone agent.GoneEndpoints
-	if svcs != nil {
-		proxyCfg.Services, gone = svcs, svcs
-		go svcWatch.Run(ctx)
+	ks, desc, stopRec, install, err := kubeSource(c, log, onError)
+	if err != nil {
+		return nil, err
 	}
-
-	var pol proxy.PolicySource = proxy.StaticPolicy{P: policy.Default()}
-	if f := c.String("policy"); f != "" {
-		w, err := policy.NewWatcher(f, log, reg)
-		if err != nil {
-			return policyFileError(f, err)
+	stop := func() {
+		if install != nil {
+			install.Close()
 		}
-		go w.Run(ctx)
-		pol = w
+		stopRec()
 	}
+	return &podSource{src: ks, desc: desc, install: install, reporter: ks, svcs: svcs, svcWatch: svcWatch, stop: stop}, nil
+}
 
+// watchServices fills the node's table of Services until ctx ends; it is
+// what attributes the pods' requests to Services and tells the agent of
+// the endpoints that left them (both nil without --kubernetes).
+func (ps *podSource) watchServices(ctx context.Context) (proxy.Services, agent.GoneEndpoints) {
+	if ps.svcs == nil {
+		return nil, nil
+	}
+	go ps.svcWatch.Run(ctx)
+	return ps.svcs, ps.svcs
+}
+
+// tell makes a pods file report its errors and reloads to the agent.
+func (ps *podSource) tell(a *agent.Agent, log *slog.Logger) {
+	if ps.file != nil {
+		ps.file.OnError = a.SourceError
+		ps.file.OnReload = func(n int) { log.Info("pods file reloaded", "pods", n) }
+	}
+}
+
+// agentCgroup is egret's own cgroup, entered: --cgroup, or one of its own.
+type agentCgroup struct {
+	orig, self string
+	made       bool // it did not exist before: the agent made it
+}
+
+func enterAgentCgroup(c *cli.Context) (agentCgroup, error) {
 	orig, err := agent.CurrentCgroup()
 	if err != nil {
-		return cli.Exit(err.Error(), 1)
+		return agentCgroup{}, cli.Exit(err.Error(), 1)
 	}
 	self := c.String("cgroup")
 	_, statErr := os.Stat(self)
@@ -212,56 +307,87 @@ func runAgent(c *cli.Context) error {
 		err = agent.EnterCgroup(self)
 	}
 	if err != nil {
-		return cli.Exit(err.Error(), 1)
+		return agentCgroup{}, cli.Exit(err.Error(), 1)
+	}
+	return agentCgroup{orig: orig, self: self, made: errors.Is(statErr, os.ErrNotExist)}, nil
+}
+
+// leave leaves the cgroup the agent made, and removes it.
+func (g agentCgroup) leave() {
+	if g.self != g.orig && g.made {
+		if err := agent.EnterCgroup(g.orig); err == nil {
+			_ = os.Remove(g.self)
+		}
+	}
+}
+
+// agentNode is egret's eBPF state, loaded or adopted from an earlier agent,
+// the listeners `egret keeper` kept for it, and egret's own cgroup.
+type agentNode struct {
+	cg      agentCgroup
+	l       *bpfload.Loader
+	kc      *keeper.Client // nil without --keeper
+	kept    map[string]*os.File
+	adopted int // pods attached by an earlier agent
+}
+
+// enterNode enters egret's own cgroup, then loads (or adopts) its eBPF
+// state and takes the listeners kept for it.
+func enterNode(c *cli.Context, log *slog.Logger) (*agentNode, error) {
+	cg, err := enterAgentCgroup(c)
+	if err != nil {
+		return nil, err
 	}
 	l, err := bpfload.Load(bpfload.Options{PinDir: c.String("pin-dir")})
 	if err != nil {
-		return kernelError(err)
+		return nil, kernelError(err)
 	}
 	kc, kept, err := dialKeeper(c, log)
 	if err != nil {
 		l.Close()
-		return err
-	}
-	var keep agent.ListenerKeeper // nil without --keeper
-	if kc != nil {
-		defer kc.Close()
-		keep = kc
+		return nil, err
 	}
 	adopted, _ := l.Pods()
 	for _, s := range l.Stale() {
 		log.Info("removed pinned eBPF state of a cgroup that is gone", "kind", s.Kind, "cgroup_id", s.ID)
 	}
+	return &agentNode{cg: cg, l: l, kc: kc, kept: kept, adopted: len(adopted)}, nil
+}
 
-	a, err = agent.New(agent.Config{
-		Attacher:      l,
-		Source:        src,
-		SelfCgroup:    self,
-		Mark:          l.Mark(),
-		Witness:       l.Witness(),
-		ListenPort:    uint16(port),
-		Policy:        pol,
-		Proxy:         proxyCfg,
-		Endpoints:     gone,
-		ShutdownGrace: c.Duration("grace"),
-		CleanupOnExit: c.Bool("cleanup"),
-		Reporter:      reporter,
-		Keeper:        keep,
-		Kept:          kept,
-		PodLimits:     podLimits,
-		FDs:           fds,
-		Logger:        log,
-		Registerer:    reg,
-	})
-	if err != nil {
-		l.Close()
-		return cli.Exit(err.Error(), 1)
+// keeper is the agent's ListenerKeeper (nil without --keeper).
+func (n *agentNode) keeper() agent.ListenerKeeper {
+	if n.kc == nil {
+		return nil
 	}
-	if file != nil {
-		file.OnError = a.SourceError
-		file.OnReload = func(n int) { log.Info("pods file reloaded", "pods", n) }
-	}
+	return n.kc
+}
 
+func (n *agentNode) closeKeeper() {
+	if n.kc != nil {
+		n.kc.Close()
+	}
+}
+
+// release removes the pinned state and the cgroup the agent made
+// (cleanup), or leaves them for the next agent, and says which.
+func (n *agentNode) release(cleanup bool, log *slog.Logger) {
+	if cleanup {
+		if err := n.l.Remove(); err != nil {
+			log.Error("remove pinned state", "err", err)
+		}
+		log.Info("egret agent stopped; eBPF state removed")
+	} else {
+		log.Info("egret agent stopped; pinned eBPF state left for the next agent (pods go direct meanwhile)", "pin_dir", n.l.PinDir())
+	}
+	n.l.Close()
+	if cleanup {
+		n.cg.leave()
+	}
+}
+
+// serveAgentAPIs serves the admin API on --admin until ctx ends, and
+// --metrics until closeMetrics.
+func serveAgentAPIs(ctx context.Context, c *cli.Context, a *agent.Agent, reg prometheus.Gatherer, log *slog.Logger) (closeMetrics func(), err error) {
 	if sock := c.String("admin"); sock != "" {
 		go func() {
 			if err := agent.ServeAdminHandler(ctx, sock, agent.WithAbout(a.Admin(), version(), true)); err != nil {
@@ -269,23 +395,24 @@ func runAgent(c *cli.Context) error {
 			}
 		}()
 	}
-	if addr := c.String("metrics"); addr != "" {
-		ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"), a.Ready, nodePage(a))
-		if err != nil {
-			l.Close()
-			return err
-		}
-		defer ms.Close()
+	addr := c.String("metrics")
+	if addr == "" {
+		return func() {}, nil
 	}
-	log.Info("egret agent running", append(desc, "pin_dir", l.PinDir(),
-		"cgroup", self, "listen_port", port, "adopted_pods", len(adopted), "admin", c.String("admin"))...)
+	ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"), a.Ready, nodePage(a))
+	if err != nil {
+		return nil, err
+	}
+	return func() { ms.Close() }, nil
+}
 
-	// The agent runs until the signal; then, unless --cleanup says
-	// already, its DaemonSet tells whether this is an uninstall (remove the
-	// pinned state) or a restart (leave it for the next agent).
+// runAgentUntil runs the agent until the signal (ctx); then, unless
+// --cleanup says already, its DaemonSet tells whether this is an
+// uninstall (remove the pinned state: cleanup) or a restart (leave it for
+// the next agent).
+func runAgentUntil(ctx context.Context, a *agent.Agent, install *kube.Install, cleanup bool, log *slog.Logger) (bool, error) {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
-	cleanup := c.Bool("cleanup")
 	decided := make(chan struct{})
 	go func() {
 		defer close(decided)
@@ -309,25 +436,7 @@ func runAgent(c *cli.Context) error {
 	runErr := a.Run(runCtx)
 	stopRun()
 	<-decided
-	if cleanup {
-		if err := l.Remove(); err != nil {
-			log.Error("remove pinned state", "err", err)
-		}
-		log.Info("egret agent stopped; eBPF state removed")
-	} else {
-		log.Info("egret agent stopped; pinned eBPF state left for the next agent (pods go direct meanwhile)", "pin_dir", l.PinDir())
-	}
-	l.Close()
-	if cleanup && self != orig && errors.Is(statErr, os.ErrNotExist) {
-		// The agent made its own cgroup: leave it and remove it.
-		if err := agent.EnterCgroup(orig); err == nil {
-			_ = os.Remove(self)
-		}
-	}
-	if runErr != nil {
-		return cli.Exit(runErr.Error(), 1)
-	}
-	return nil
+	return cleanup, runErr
 }
 
 // adminCommands ask a running agent, over its admin socket.

@@ -71,6 +71,15 @@ func newLogger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
 	return nil, usage("--log-format %s: expected text or json", c.String("log-format"))
 }
 
+// CheckLogFlags reports whether c's --log-format and --log-level are ones
+// the commands that log (egret agent, proxy, keeper) take: the same check
+// they make before they start. deploy's tests hold the chart's logLevel
+// and logFormat values to it.
+func CheckLogFlags(c *cli.Context) error {
+	_, err := newLogger(c, io.Discard)
+	return err
+}
+
 // secondsAttr writes a duration as seconds, a float ("duration":0.0087),
 // rather than slog's bare nanoseconds.
 func secondsAttr(_ []string, a slog.Attr) slog.Attr {

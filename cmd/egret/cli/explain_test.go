@@ -13,6 +13,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -88,7 +89,7 @@ func TestExplainShowsKernelEvidenceAndIdleBound(t *testing.T) {
 			Upgraded: true, Proof: retry.ProofEndedBeforeAck,
 			WitnessBefore: c(65, 66, 40, witness.StateEstablished), WitnessAfter: c(131, 66, 41, witness.StateClose),
 			Reused: true, Idle: 600 * time.Millisecond,
-			IdleBound: retry.IdleBound{Limit: 750 * time.Millisecond, Seen: time.Second, Source: retry.IdleBoundKeepAlive},
+			IdleBound: attempt.IdleBound{Limit: 750 * time.Millisecond, Seen: time.Second, Source: attempt.IdleBoundKeepAlive},
 			Decision:  engine.Result{Decision: engine.Retry, Reason: engine.ReasonNotSent},
 		}}}
 	var b strings.Builder

@@ -156,6 +156,10 @@ func printStatus(c *cli.Context, format string, body []byte) error {
 	sort.Strings(keys)
 	rows := [][]string{}
 	for _, k := range keys {
+		if k == "direct" {
+			rows = append(rows, []string{k + ":", directLine(st[k])})
+			continue
+		}
 		rows = append(rows, []string{k + ":", scalar(st[k])})
 	}
 	if err := table(w, rows); err != nil {
@@ -190,6 +194,17 @@ func scalar(v any) string {
 	}
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// directLine is the status's direct totals (agent.DirectTotals, as JSON):
+// the connects egret did not proxy and how many of their failures a retry
+// could have fixed safely.
+func directLine(v any) string {
+	m, _ := v.(map[string]any)
+	c, _ := m["connects"].(float64)
+	s, _ := m["safe_to_retry"].(float64)
+	a, _ := m["ambiguous"].(float64)
+	return fmt.Sprintf("%.0f connects not proxied; failures: %.0f a retry could have fixed safely, %.0f ambiguous (egret top)", c, s, a)
 }
 
 func dash(s string) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os/signal"
@@ -14,15 +15,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v2"
 
 	"github.com/egret-proxy/egret/agent"
-	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/proxy"
-	"github.com/egret-proxy/egret/proxy/policy"
-	"github.com/egret-proxy/egret/retry"
-	"github.com/egret-proxy/egret/witness"
 )
 
 func proxyCommand() *cli.Command {
@@ -75,134 +71,160 @@ func checkListen(flag, addr string, allow bool) error {
 }
 
 func runProxy(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return usage("proxy takes no arguments")
-	}
-	if err := checkPprof(c); err != nil {
-		return err
-	}
-	allow := c.Bool("allow-remote")
-	listen := c.String("listen")
-	if err := checkListen("--listen", listen, allow); err != nil {
-		return err
-	}
-	metricsAddr := c.String("metrics")
-	if metricsAddr != "" {
-		if err := checkListen("--metrics", metricsAddr, allow); err != nil {
-			return err
-		}
-	}
-	connectPorts, err := parsePorts(c.String("connect-ports"))
+	fl, err := readProxyFlags(c)
 	if err != nil {
-		return cli.Exit("--connect-ports: "+err.Error(), 2)
+		return err
 	}
 	log, stopProcess, err := startProcess(c)
 	if err != nil {
 		return err
 	}
 	defer stopProcess()
-	access, err := accessLog(c)
+	shared, err := sharedSettings(c)
 	if err != nil {
 		return err
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	pm, err := newProxyMetrics(c, reg)
-	if err != nil {
+	reg := newRegistry()
+	if shared.Metrics, err = newProxyMetrics(c, reg); err != nil {
 		return err
 	}
-	rm, err := retry.NewMetrics(reg)
-	if err != nil {
+	shared.SpoolDir, shared.Via = c.String("spool-dir"), "egret"
+	if shared, err = proxy.NewShared(reg, shared); err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-
-	var src proxy.PolicySource = proxy.StaticPolicy{P: policy.Default()}
-	policyName := "embedded defaults"
-	if f := c.String("policy"); f != "" {
-		w, err := policy.NewWatcher(f, log, reg)
-		if err != nil {
-			return policyFileError(f, err)
-		}
-		go w.Run(ctx)
-		src, policyName = w, f
+	pol, policyName, err := watchPolicy(ctx, c, log, reg)
+	if err != nil {
+		return err
 	}
-
 	// The metrics (and pprof) address is served first, so that the proxy
 	// knows the address bound and refuses to reach it for its clients.
-	var ready atomic.Pointer[proxy.Server] // set once the proxy is made
-	var ms *http.Server
-	var protect []string
-	var page lateHandler // the node page, once the server is made
-	if metricsAddr != "" {
-		isReady := func() error {
-			if s := ready.Load(); s == nil || s.Draining() {
-				return errors.New("draining")
-			}
-			return nil
-		}
-		if ms, err = serveMetrics(metricsAddr, reg, log, c.Bool("pprof"), isReady, &page); err != nil {
-			return err
-		}
-		defer ms.Close()
-		protect = append(protect, ms.Addr)
-	}
-	// Out of descriptors a new connection is refused at once rather
-	// than left in the accept queue; egret keeps a reserve for itself.
-	nofile, err := raiseNoFile()
+	front, err := serveFront(c, fl.metrics, reg, log)
 	if err != nil {
-		log.Warn("cannot raise the file descriptor limit", "limit", nofile, "err", err)
+		return err
 	}
-	budgets := engine.NewBudgets()
+	defer front.close()
+	shared.FDs, _ = descriptors(log, 0)
 	srv, err := proxy.New(proxy.Config{
-		Quota:        proxy.NewQuota(proxy.Limits{}, proxy.NewFDs(int(min(nofile, 1<<30)), 0)),
-		Mode:         proxy.Explicit,
-		Budgets:      budgets,
-		Policy:       src,
-		Witness:      witness.TCPInfo{},
-		Tap:          proxy.NewTap(0),
-		Metrics:      pm,
-		RetryMetrics: rm,
-		Logger:       log,
-		AccessLog:    access,
-		SpoolDir:     c.String("spool-dir"),
-		Via:          "egret",
-		LogQuery:     c.Bool("log-query"),
-		ConnectPorts: connectPorts,
-		Protect:      protect,
-
-		TunnelIdleTimeout: c.Duration("tunnel-idle-timeout"),
+		Mode:     proxy.Explicit,
+		Policy:   pol,
+		Logger:   log,
+		Shared:   shared,
+		Timeouts: proxy.Timeouts{TunnelIdleTimeout: c.Duration("tunnel-idle-timeout")},
+		Bounds:   proxy.Bounds{ConnectPorts: fl.connectPorts, Protect: front.protect()},
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
-	ready.Store(srv)
-	ln, err := net.Listen("tcp", listen)
+	front.ready.Store(srv)
+	ln, err := net.Listen("tcp", fl.listen)
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
-	st := &agent.Standalone{Server: srv, Budgets: budgets, Status: agent.ProxyStatus{
+	st := &agent.Standalone{Server: srv, Budgets: shared.Budgets, Status: agent.ProxyStatus{
 		Mode: "explicit", Listen: ln.Addr().String(), Policy: policyName, Started: time.Now()}}
-	page.set(nodePage(st))
-	if sock := c.String("admin"); sock != "" {
-		actx, stopAdmin := context.WithCancel(context.Background())
-		adminDone := make(chan struct{})
-		go func() {
-			defer close(adminDone)
-			if err := agent.ServeAdminHandler(actx, sock, agent.WithAbout(agent.AdminHandler(st), version(), false)); err != nil {
-				log.Error("admin API", "err", err)
-			}
-		}()
-		// Stopped last, once the proxy has drained: explain answers
-		// until then.
-		defer func() { stopAdmin(); <-adminDone }()
-		log.Info("egret admin API", "socket", sock)
-	}
+	front.page.set(nodePage(st))
+	// Stopped last, once the proxy has drained: explain answers until then.
+	defer serveStandaloneAdmin(c.String("admin"), st, log)()
 	log.Info("egret proxy listening", "addr", ln.Addr().String(), "mode", "explicit", "policy", policyName)
+	return serveUntil(ctx, c.Duration("grace"), log, srv, ln, front)
+}
 
+// proxyFlags are egret proxy's addresses and ports, checked.
+type proxyFlags struct {
+	listen, metrics string
+	connectPorts    []int
+}
+
+func readProxyFlags(c *cli.Context) (proxyFlags, error) {
+	if c.NArg() > 0 {
+		return proxyFlags{}, usage("proxy takes no arguments")
+	}
+	if err := checkPprof(c); err != nil {
+		return proxyFlags{}, err
+	}
+	allow := c.Bool("allow-remote")
+	fl := proxyFlags{listen: c.String("listen"), metrics: c.String("metrics")}
+	if err := checkListen("--listen", fl.listen, allow); err != nil {
+		return proxyFlags{}, err
+	}
+	if fl.metrics != "" {
+		if err := checkListen("--metrics", fl.metrics, allow); err != nil {
+			return proxyFlags{}, err
+		}
+	}
+	ports, err := parsePorts(c.String("connect-ports"))
+	if err != nil {
+		return proxyFlags{}, cli.Exit("--connect-ports: "+err.Error(), 2)
+	}
+	fl.connectPorts = ports
+	return fl, nil
+}
+
+// proxyFront is egret proxy's --metrics address (the metrics, probes and
+// node page), served before the proxy is made: ready when the proxy is,
+// the page once it is set.
+type proxyFront struct {
+	ms    *http.Server // nil without --metrics
+	ready atomic.Pointer[proxy.Server]
+	page  lateHandler
+}
+
+func serveFront(c *cli.Context, addr string, reg prometheus.Gatherer, log *slog.Logger) (*proxyFront, error) {
+	f := &proxyFront{}
+	if addr == "" {
+		return f, nil
+	}
+	isReady := func() error {
+		if s := f.ready.Load(); s == nil || s.Draining() {
+			return errors.New("draining")
+		}
+		return nil
+	}
+	ms, err := serveMetrics(addr, reg, log, c.Bool("pprof"), isReady, &f.page)
+	if err != nil {
+		return nil, err
+	}
+	f.ms = ms
+	return f, nil
+}
+
+// protect is the address the proxy must keep its clients from.
+func (f *proxyFront) protect() []string {
+	if f.ms == nil {
+		return nil
+	}
+	return []string{f.ms.Addr}
+}
+
+func (f *proxyFront) close() {
+	if f.ms != nil {
+		f.ms.Close()
+	}
+}
+
+// serveStandaloneAdmin serves the admin API of a lone proxy on sock ("":
+// none) and returns what stops it.
+func serveStandaloneAdmin(sock string, st *agent.Standalone, log *slog.Logger) (stop func()) {
+	if sock == "" {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := agent.ServeAdminHandler(ctx, sock, agent.WithAbout(agent.AdminHandler(st), version(), false)); err != nil {
+			log.Error("admin API", "err", err)
+		}
+	}()
+	log.Info("egret admin API", "socket", sock)
+	return func() { cancel(); <-done }
+}
+
+// serveUntil serves ln until ctx ends, then drains the proxy for up to
+// grace and closes the front (its readiness said draining until then).
+func serveUntil(ctx context.Context, grace time.Duration, log *slog.Logger, srv *proxy.Server, ln net.Listener, front *proxyFront) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
@@ -210,15 +232,13 @@ func runProxy(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("serve: %v", err), 1)
 	case <-ctx.Done():
 	}
-	log.Info("egret proxy draining", "grace", c.Duration("grace"))
-	sctx, cancel := context.WithTimeout(context.Background(), c.Duration("grace"))
+	log.Info("egret proxy draining", "grace", grace)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("egret proxy drained with requests cut short", "err", err)
 	}
-	if ms != nil {
-		ms.Close()
-	}
+	front.close()
 	if err := <-served; err != nil && !errors.Is(err, proxy.ErrServerClosed) {
 		log.Warn("serve", "err", err)
 	}

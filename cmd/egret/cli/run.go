@@ -73,7 +73,7 @@ func runRun(c *cli.Context) error {
 	if c.Bool("quiet") {
 		log = slog.New(levelHandler{slog.LevelWarn, log.Handler()})
 	}
-	access, err := accessLog(c)
+	shared, err := sharedSettings(c)
 	if err != nil {
 		return err
 	}
@@ -87,13 +87,9 @@ func runRun(c *cli.Context) error {
 	if err := bpfload.Probe(); err != nil {
 		return kernelError(err)
 	}
-	var pol proxy.PolicySource = proxy.StaticPolicy{P: policy.Default()}
-	if f := c.String("policy"); f != "" {
-		p, err := policy.Load(f)
-		if err != nil {
-			return policyFileError(f, err)
-		}
-		pol = proxy.StaticPolicy{P: p}
+	pol, err := loadPolicy(c.String("policy"))
+	if err != nil {
+		return err
 	}
 
 	collectStaleRuns(log, nil)
@@ -105,7 +101,42 @@ func runRun(c *cli.Context) error {
 	if err := r.setup(mode); err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
-	port := uint16(c.Uint("listen-port"))
+	if err := r.startAgent(uint16(c.Uint("listen-port")), pol, shared); err != nil {
+		return err
+	}
+	cmd, err := r.startCommand(args)
+	if err != nil {
+		return err
+	}
+	defer relaySignals(cmd.Process)()
+	code, err := exitCode(cmd.Wait())
+	if err != nil {
+		return err
+	}
+	r.cleanup()
+	if code != 0 {
+		return cli.Exit("", code)
+	}
+	return nil
+}
+
+// loadPolicy is the policy of file, read once ("": the embedded
+// defaults).
+func loadPolicy(file string) (proxy.PolicySource, error) {
+	if file == "" {
+		return proxy.StaticPolicy{P: policy.Default()}, nil
+	}
+	p, err := policy.Load(file)
+	if err != nil {
+		return nil, policyFileError(file, err)
+	}
+	return proxy.StaticPolicy{P: p}, nil
+}
+
+// startAgent loads egret's eBPF programs for the run and starts an agent
+// whose one pod is the command's cgroup, listening on port (0: a free
+// one), and waits for the pod to run.
+func (r *runEnv) startAgent(port uint16, pol proxy.PolicySource, shared proxy.Shared) error {
 	if port == 0 {
 		if err := r.ns.Do(func() error {
 			var err error
@@ -115,7 +146,7 @@ func runRun(c *cli.Context) error {
 			return cli.Exit(err.Error(), 1)
 		}
 	}
-
+	var err error
 	r.loader, err = bpfload.Load(bpfload.Options{PinDir: filepath.Join(bpfload.BPFFSRoot, r.name)})
 	if err != nil {
 		return kernelError(err)
@@ -132,10 +163,10 @@ func runRun(c *cli.Context) error {
 		Mark:          r.loader.Mark(),
 		Witness:       r.loader.Witness(),
 		Policy:        pol,
-		Proxy:         proxy.Config{AccessLog: access, LogQuery: c.Bool("log-query")},
+		Proxy:         proxy.Config{Shared: shared},
 		ShutdownGrace: 2 * time.Second,
 		CleanupOnExit: true,
-		Logger:        log,
+		Logger:        r.log,
 	})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
@@ -149,18 +180,22 @@ func runRun(c *cli.Context) error {
 	go func() {
 		defer close(r.agentDone)
 		if err := a.Run(ctx); err != nil {
-			log.Error("agent", "err", err)
+			r.log.Error("agent", "err", err)
 		}
 	}()
-	// Wait for the pod to start (or fail), on the agent's word that its
-	// pods changed.
-	ready := time.NewTimer(10 * time.Second)
+	return waitRunning(a, "run", 10*time.Second)
+}
+
+// waitRunning waits for pod to run (or fail), on the agent's word that its
+// pods changed.
+func waitRunning(a *agent.Agent, pod string, limit time.Duration) error {
+	ready := time.NewTimer(limit)
 	defer ready.Stop()
 	for {
 		changed := a.PodsChanged()
-		st, err := a.Pod("run")
+		st, err := a.Pod(pod)
 		if err == nil && st.State == agent.StateRunning {
-			break
+			return nil
 		}
 		if err == nil && st.State == agent.StateFailed {
 			return cli.Exit("egret could not put the command behind it: "+st.Error, 1)
@@ -168,10 +203,14 @@ func runRun(c *cli.Context) error {
 		select {
 		case <-changed:
 		case <-ready.C:
-			return cli.Exit("egret did not become ready in 10s", 1)
+			return cli.Exit(fmt.Sprintf("egret did not become ready in %s", limit), 1)
 		}
 	}
+}
 
+// startCommand starts the command in its cgroup and namespace, with the
+// run's stdio (and $EGRET_HOST under --netns new).
+func (r *runEnv) startCommand(args []string) (*exec.Cmd, error) {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	if r.hostAddr.IsValid() {
@@ -179,39 +218,44 @@ func runRun(c *cli.Context) error {
 	}
 	cgf, err := os.Open(r.cmdCg)
 	if err != nil {
-		return cli.Exit(err.Error(), 1)
+		return nil, cli.Exit(err.Error(), 1)
 	}
 	defer cgf.Close()
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
 	// The child is forked on a thread inside the namespace and keeps it.
 	if err := r.ns.Do(cmd.Start); err != nil {
-		return cli.Exit(err.Error(), 126)
+		return nil, cli.Exit(err.Error(), 126)
 	}
+	return cmd, nil
+}
+
+// relaySignals passes SIGINT, SIGTERM and SIGHUP on to p until stop is
+// called.
+func relaySignals(p *os.Process) (stop func()) {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 	go func() {
 		for s := range sigs {
-			_ = cmd.Process.Signal(s)
+			_ = p.Signal(s)
 		}
 	}()
-	werr := cmd.Wait()
-	code := 0
-	if werr != nil {
-		var ee *exec.ExitError
-		if !errors.As(werr, &ee) {
-			return cli.Exit(werr.Error(), 1)
-		}
-		code = ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			code = 128 + int(ws.Signal())
-		}
+	return func() { signal.Stop(sigs) }
+}
+
+// exitCode is the status egret run exits with for the command's end, as
+// a shell gives it: its exit code, or 128 + the signal that killed it.
+func exitCode(werr error) (int, error) {
+	if werr == nil {
+		return 0, nil
 	}
-	r.cleanup()
-	if code != 0 {
-		return cli.Exit("", code)
+	var ee *exec.ExitError
+	if !errors.As(werr, &ee) {
+		return 0, cli.Exit(werr.Error(), 1)
 	}
-	return nil
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), nil
+	}
+	return ee.ExitCode(), nil
 }
 
 // runEnv is what `egret run` sets up and must take down.

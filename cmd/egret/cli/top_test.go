@@ -224,6 +224,40 @@ func TestTopTables(t *testing.T) {
 	}
 }
 
+// TestTopDirect: the connects egret left direct are shown per pod and
+// path, with the failures a retry could have fixed safely.
+func TestTopDirect(t *testing.T) {
+	s := agent.Summary{Time: time.Now(), Direct: []agent.DirectSummary{
+		{Namespace: "shop", Pod: "web", Path: "learned_direct", Connects: 9, Established: 4, Refused: 2,
+			TimedOut: 1, ResetAfterAck: 3, Retransmits: 6, SafeToRetry: 3, Ambiguous: 3},
+		{Namespace: "shop", Pod: "db", Path: "direct_port", Connects: 5, Established: 3, Unreachable: 2, SafeToRetry: 2},
+	}}
+	var b strings.Builder
+	if err := writeTop(&b, s, "name", "sock"); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	t.Log(out)
+	rows := 0
+	for _, l := range strings.Split(out, "\n") {
+		switch f := strings.Fields(l); {
+		case len(f) == 11 && f[0] == "shop/web":
+			rows++
+			if strings.Join(f[1:], " ") != "learned_direct 9 4 2 1 0 0 3 6 3" {
+				t.Errorf("web row %q", l)
+			}
+		case len(f) == 11 && f[0] == "shop/db":
+			rows++
+			if strings.Join(f[1:], " ") != "direct_port 5 3 0 0 2 0 0 0 2" {
+				t.Errorf("db row %q", l)
+			}
+		}
+	}
+	if rows != 2 || !strings.Contains(out, "5 failures a retry could have fixed safely") {
+		t.Errorf("direct table:\n%s", out)
+	}
+}
+
 // TestBudgetShownAlike: egret top's BUDGET column and egret upstreams'
 // TOKENS column show the same budget the same way (one decimal), and a
 // budget not in use (forgotten after its TTL, or "other") is "-" in top

@@ -3,12 +3,14 @@ package imagebuild
 import (
 	"bytes"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/egret-proxy/egret/internal/ociimage"
@@ -42,16 +44,8 @@ func TestImageIndex(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cross-compiles egret twice")
 	}
-	t.Setenv("GOPROXY", "off") // what the module cache holds, nothing fetched
-	t.Setenv("GOFLAGS", "-mod=readonly")
-	const tag = "v9.8.7-test.1"
-	out := filepath.Join(t.TempDir(), "egret.tar")
-	var log strings.Builder
-	digest, err := Build(out, "registry.test/egret:"+tag, "", DefaultPlatforms, &log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%s", log.String())
+	const tag = testTag
+	out, digest := testIndex(t)
 	f, err := os.Open(out)
 	if err != nil {
 		t.Fatal(err)
@@ -115,11 +109,70 @@ func TestImageIndex(t *testing.T) {
 		if err != nil {
 			t.Fatalf("/egret --version: %v: %s", err, got)
 		}
-		// As `go version`: egret version TAG goVERSION linux/ARCH.
-		if re := regexp.MustCompile(`^egret version ` + regexp.QuoteMeta(tag) + ` go\S+ linux/` + want + `\n$`); !re.Match(got) {
+		if re := versionLine(tag, want); !re.Match(got) {
 			t.Errorf("/egret --version printed %q, want %v", got, re)
 		}
 	}
+}
+
+// testTag is the tag of the index the tests build (testIndex).
+const testTag = "v9.8.7-test.1"
+
+// index is the image index archive the tests share: Build cross-compiles
+// egret twice (minutes cold), so TestImageIndex and
+// TestImageIndexInContainerd inspect one archive. TestMain removes its
+// directory.
+var index struct {
+	once              sync.Once
+	dir, path, digest string
+	log               string
+	err               error
+}
+
+// testIndex returns the archive of registry.test/egret:testTag, for
+// DefaultPlatforms, and its digest, built offline (GOPROXY=off, no
+// emulator) by the first test that asks for it.
+func testIndex(t *testing.T) (path, digest string) {
+	t.Helper()
+	t.Setenv("GOPROXY", "off") // what the module cache holds, nothing fetched
+	t.Setenv("GOFLAGS", "-mod=readonly")
+	built := false
+	index.once.Do(func() {
+		built = true
+		if index.dir, index.err = os.MkdirTemp("", "egret-imagebuild-test-"); index.err != nil {
+			return
+		}
+		index.path = filepath.Join(index.dir, "egret.tar")
+		var log strings.Builder
+		index.digest, index.err = Build(index.path, "registry.test/egret:"+testTag, "", DefaultPlatforms, &log)
+		index.log = log.String()
+	})
+	if index.err != nil {
+		t.Fatalf("building the image index: %v", index.err)
+	}
+	if built {
+		t.Logf("%s", index.log)
+	} else {
+		t.Logf("the image index an earlier test built: %s", index.path)
+	}
+	return index.path, index.digest
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if index.dir != "" {
+		if err := os.RemoveAll(index.dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// versionLine matches what `egret --version` prints, as `go version`
+// does: egret version TAG goVERSION linux/ARCH.
+func versionLine(tag, arch string) *regexp.Regexp {
+	return regexp.MustCompile(`^egret version ` + regexp.QuoteMeta(tag) + ` go\S+ linux/` + arch + `\n$`)
 }
 
 func TestArchsOf(t *testing.T) {

@@ -1,4 +1,4 @@
-package retry
+package attempt
 
 import (
 	"errors"
@@ -11,27 +11,26 @@ import (
 	"github.com/egret-proxy/egret/witness"
 )
 
-// errFrozen is returned by writes on a connection frozen for the witness.
-var errFrozen = errors.New("connection frozen after a failure")
+// ErrFrozen is returned by writes on a connection frozen for the witness.
+var ErrFrozen = errors.New("connection frozen after a failure")
 
-// witnessConn wraps an upstream TCP connection so that the kernel witness
+// Conn wraps an upstream TCP connection so that the kernel witness
 // can prove that no byte of a failed attempt left the host.
 //
 // The proof needs the "after" snapshot to be taken at the failure, before
 // anything else is written on the socket (a TLS close_notify would move the
 // counters) and with nothing of the request left to leave later. So the
 // connection freezes at its first read or write error, when the retry
-// Transport says so (attempt timeout), or at Close: from then on it refuses
+// runner says so (attempt timeout), or at Close: from then on it refuses
 // writes, it takes the final snapshot if no write is in flight, and if
 // bytes are still queued in the socket it sets SO_LINGER 0 so that closing
 // it discards them (RST) instead of sending them.
-type witnessConn struct {
+type Conn struct {
 	net.Conn
 	raw syscall.RawConn
-	// shared: the connection multiplexes requests (HTTP/2); a retry
-	// Transport must not freeze it for one stream. tls: it carries TLS.
+	// shared: the connection multiplexes requests (HTTP/2); an attempt
+	// must not freeze it for one stream (MarkShared).
 	shared bool
-	tls    bool
 
 	mu       sync.Mutex
 	w        witness.Witness
@@ -46,7 +45,7 @@ type witnessConn struct {
 	// fresh is a snapshot taken while nothing was in flight (at birth, or
 	// by the pool's check of the idle connection), with the witness that
 	// took it and written at that moment: the next request's "before"
-	// when nothing was written since (see takeFresh).
+	// when nothing was written since (see TakeFresh).
 	fresh    witness.Counters
 	freshW   witness.Witness
 	freshAt  uint64
@@ -64,16 +63,24 @@ type witnessConn struct {
 	finalErr   error
 }
 
-func newWitnessConn(c net.Conn) *witnessConn {
-	wc := &witnessConn{Conn: c}
-	if raw, err := rawConnOf(c); err == nil {
+func NewConn(c net.Conn) *Conn {
+	wc := &Conn{Conn: c}
+	if raw, err := RawConnOf(c); err == nil {
 		wc.raw = raw
 	}
 	return wc
 }
 
+// Raw is the socket (nil when the connection has none).
+func (c *Conn) Raw() syscall.RawConn { return c.raw }
+
+// MarkShared says the connection carries several requests at once
+// (HTTP/2): no attempt freezes it for itself. Call it before any attempt
+// uses it.
+func (c *Conn) MarkShared() { c.shared = true }
+
 // SyscallConn exposes the socket to witnesses.
-func (c *witnessConn) SyscallConn() (syscall.RawConn, error) {
+func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 	if c.raw == nil {
 		return nil, witness.ErrUnsupported
 	}
@@ -81,33 +88,33 @@ func (c *witnessConn) SyscallConn() (syscall.RawConn, error) {
 }
 
 // NetConn returns the wrapped connection.
-func (c *witnessConn) NetConn() net.Conn { return c.Conn }
+func (c *Conn) NetConn() net.Conn { return c.Conn }
 
-// arm sets the witness used for the final snapshot.
-func (c *witnessConn) arm(w witness.Witness) {
+// Arm sets the witness used for the final snapshot.
+func (c *Conn) Arm(w witness.Witness) {
 	c.mu.Lock()
 	c.w = w
 	c.mu.Unlock()
 }
 
-// armAtBirth arms a new connection and takes its first snapshot, a valid
+// ArmAtBirth arms a new connection and takes its first snapshot, a valid
 // "before" for a request that finds it already dead.
-func (c *witnessConn) armAtBirth(w witness.Witness) {
+func (c *Conn) ArmAtBirth(w witness.Witness) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.w = w
 	c.snapBirthLocked()
 }
 
-// reborn retakes the birth snapshot once the TLS handshake is done: the
+// Reborn retakes the birth snapshot once the TLS handshake is done: the
 // handshake's own bytes are not the request's.
-func (c *witnessConn) reborn() {
+func (c *Conn) Reborn() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.snapBirthLocked()
 }
 
-func (c *witnessConn) snapBirthLocked() {
+func (c *Conn) snapBirthLocked() {
 	c.hasBirth = false
 	if c.w == nil || c.raw == nil || c.frozen || c.writing > 0 {
 		return
@@ -118,15 +125,15 @@ func (c *witnessConn) snapBirthLocked() {
 	}
 }
 
-// checkIdle tells from a snapshot by the connection's witness whether an
+// CheckIdle tells from a snapshot by the connection's witness whether an
 // idle connection can no longer carry a request: the peer closed or reset
 // it (its state is no longer established), or, unless pendingOK (TLS: a
 // session ticket may wait), bytes wait that nobody asked for. decided is
 // false when the snapshot cannot tell (no witness, counters missing, a
 // failure other than a closed socket); the caller then peeks. The snapshot
-// is kept as the next request's "before" (takeFresh), so that a reused
+// is kept as the next request's "before" (TakeFresh), so that a reused
 // connection costs one system call, not a peek and a snapshot.
-func (c *witnessConn) checkIdle(pendingOK bool) (stale, decided bool) {
+func (c *Conn) CheckIdle(pendingOK bool) (stale, decided bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hasFresh = false
@@ -151,13 +158,13 @@ func (c *witnessConn) checkIdle(pendingOK bool) (stale, decided bool) {
 	return s.BytesReceived != c.read, true
 }
 
-// takeFresh returns the fresh snapshot if w took it and nothing was
+// TakeFresh returns the fresh snapshot if w took it and nothing was
 // written on the connection since, and forgets it either way: a snapshot
 // taken earlier than the request's start is as good a "before" as one
 // taken at it, since the counters only grow (anything the kernel sent
 // between the two, a retransmission, can only void a proof, never make
 // one).
-func (c *witnessConn) takeFresh(w witness.Witness) (witness.Counters, bool) {
+func (c *Conn) TakeFresh(w witness.Witness) (witness.Counters, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ok := c.hasFresh && c.freshAt == c.written && c.writing == 0 && !c.frozen &&
@@ -175,24 +182,24 @@ func comparable(w witness.Witness) bool {
 
 // birthIfUnused returns the birth snapshot if nothing was written on the
 // connection since: then it is as good a "before" as one taken now.
-func (c *witnessConn) birthIfUnused() (witness.Counters, bool) {
+func (c *Conn) birthIfUnused() (witness.Counters, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.birth, c.hasBirth && c.written == c.bornAt && c.writing == 0
 }
 
 // bytesWritten is how many bytes the socket accepted from us so far.
-func (c *witnessConn) bytesWritten() uint64 {
+func (c *Conn) bytesWritten() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.written
 }
 
-func (c *witnessConn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.frozen {
 		c.mu.Unlock()
-		return 0, errFrozen
+		return 0, ErrFrozen
 	}
 	c.writing++
 	c.mu.Unlock()
@@ -211,7 +218,7 @@ func (c *witnessConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *witnessConn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.read += uint64(max(n, 0))
 	if err != nil {
@@ -221,7 +228,7 @@ func (c *witnessConn) Read(p []byte) (int, error) {
 }
 
 // Close freezes the connection (taking the final snapshot) and closes it.
-func (c *witnessConn) Close() error {
+func (c *Conn) Close() error {
 	c.freeze()
 	return c.Conn.Close()
 }
@@ -229,9 +236,9 @@ func (c *witnessConn) Close() error {
 // freezeWait bounds how long freeze waits for a write in flight to return.
 const freezeWait = 100 * time.Millisecond
 
-// freeze stops all writes (they fail with errFrozen) and takes the final
+// freeze stops all writes (they fail with ErrFrozen) and takes the final
 // snapshot once.
-func (c *witnessConn) freeze() {
+func (c *Conn) freeze() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.frozen || c.handedOver {
@@ -277,18 +284,18 @@ func (c *witnessConn) freeze() {
 	c.final, c.finalOK = snap, true
 }
 
-// handOver ends the witness's watch of a connection that switched
+// HandOver ends the witness's watch of a connection that switched
 // protocols (a 101): it carries no attempt any more, and freezing it
 // (writes refused after a read's end, queued bytes reset at its close)
 // would break the new protocol.
-func (c *witnessConn) handOver() {
+func (c *Conn) HandOver() {
 	c.mu.Lock()
 	c.handedOver = true
 	c.mu.Unlock()
 }
 
 // finalSnapshot returns the snapshot taken when the connection froze.
-func (c *witnessConn) finalSnapshot() (witness.Counters, bool) {
+func (c *Conn) finalSnapshot() (witness.Counters, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.final, c.finalOK
@@ -296,7 +303,7 @@ func (c *witnessConn) finalSnapshot() (witness.Counters, bool) {
 
 // under finds the first connection that is a T in c's chain of wrappers:
 // c itself, then what its NetConn method returns (*tls.Conn and
-// witnessConn have one), at most four deep.
+// Conn have one), at most four deep.
 func under[T any](c net.Conn) (T, bool) {
 	for range 4 {
 		if t, ok := c.(T); ok {
@@ -312,15 +319,15 @@ func under[T any](c net.Conn) (T, bool) {
 	return zero, false
 }
 
-// witnessConnOf finds the witnessConn under c (through *tls.Conn).
-func witnessConnOf(c net.Conn) *witnessConn {
-	wc, _ := under[*witnessConn](c)
+// ConnOf finds the Conn under c (through *tls.Conn).
+func ConnOf(c net.Conn) *Conn {
+	wc, _ := under[*Conn](c)
 	return wc
 }
 
-// rawConnOf returns the socket under c, unwrapping *tls.Conn and any
+// RawConnOf returns the socket under c, unwrapping *tls.Conn and any
 // connection with a NetConn method.
-func rawConnOf(c net.Conn) (syscall.RawConn, error) {
+func RawConnOf(c net.Conn) (syscall.RawConn, error) {
 	if sc, ok := under[syscall.Conn](c); ok {
 		return sc.SyscallConn()
 	}

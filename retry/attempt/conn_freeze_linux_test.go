@@ -1,6 +1,6 @@
 //go:build linux
 
-package retry
+package attempt
 
 import (
 	"io"
@@ -26,9 +26,9 @@ func (c *enteredConn) Write(p []byte) (int, error) {
 	return c.TCPConn.Write(p)
 }
 
-// freezePair returns a witnessConn on a real loopback connection, armed
+// freezePair returns a Conn on a real loopback connection, armed
 // with the kernel witness, and its peer.
-func freezePair(t *testing.T) (*witnessConn, *enteredConn, net.Conn) {
+func freezePair(t *testing.T) (*Conn, *enteredConn, net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -62,8 +62,8 @@ func freezePair(t *testing.T) (*witnessConn, *enteredConn, net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wc := &witnessConn{Conn: ec, raw: raw}
-	wc.arm(witness.TCPInfo{})
+	wc := &Conn{Conn: ec, raw: raw}
+	wc.Arm(witness.TCPInfo{})
 	return wc, ec, peer
 }
 
@@ -103,8 +103,8 @@ func TestFreezeWaitsForTheWriteInFlight(t *testing.T) {
 		t.Fatalf("final snapshot: %d bytes sent (known %v), %d not sent (known %v); the write put %d in the socket",
 			snap.BytesSent, snap.HasBytesSent, snap.NotSentBytes, snap.HasNotSentBytes, size)
 	}
-	if _, err := wc.Write([]byte("x")); err != errFrozen {
-		t.Fatalf("write after freeze: %v, want errFrozen", err)
+	if _, err := wc.Write([]byte("x")); err != ErrFrozen {
+		t.Fatalf("write after freeze: %v, want ErrFrozen", err)
 	}
 }
 

@@ -1,32 +1,37 @@
-package retry
+package attempt
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
 
-// attemptCtx is the context of one attempt. It does in one value, without
+// ErrTimeout is the cause of an attempt's context when its per-attempt
+// timeout fired.
+var ErrTimeout = errors.New("attempt timeout")
+
+// Ctx is the context of one attempt. It does in one value, without
 // allocations of its own, what three contexts and two timers did: it
 // ends when the caller's context
 // ends, when the per-attempt timeout passes before the response head has
-// come (cause errAttemptTimeout), and when the request's overall deadline
+// come (cause ErrTimeout), and when the request's overall deadline
 // passes (cause context.DeadlineExceeded). One timer serves both bounds:
 // it is armed for the sooner of the two and, once the head is in, re-armed
 // for the deadline alone (the body is bounded by the deadline only).
 //
-// The runner hands it, with its trace (at), to HTTPTransport explicitly
-// (HTTPTransport.send): the HTTP/1.1 client registers its connection's
-// interrupt with setHook rather than context.AfterFunc, and reports the
-// attempt's progress to at. Other code sees an ordinary context: Done
+// The runner hands it, with its trace (Trace), to the client explicitly
+// (client.HTTPTransport.Send): the HTTP/1.1 client registers its
+// connection's interrupt with SetHook rather than context.AfterFunc, and
+// reports the attempt's progress to its Trace. Other code sees an ordinary context: Done
 // makes its channel on demand, and context.AfterFunc and children of it
 // use its AfterFunc method (no goroutine per child).
 //
 // Do not call context.Cause on it: it would report an ancestor's cause.
-// causeOf and the Cause method know it.
-type attemptCtx struct {
+// The Cause method knows it.
+type Ctx struct {
 	parent context.Context
-	at     *attemptTrace
+	at     *Trace
 	// deadline is the request's overall deadline (the sooner of its policy
 	// timeout and the caller's), zero when it has none.
 	deadline time.Time
@@ -49,23 +54,23 @@ type attemptCtx struct {
 type ctxFunc struct{ f func() }
 
 var (
-	_ context.Context = (*attemptCtx)(nil)
+	_ context.Context = (*Ctx)(nil)
 	_ interface {
 		AfterFunc(func()) func() bool
-	} = (*attemptCtx)(nil)
+	} = (*Ctx)(nil)
 )
 
 // closedChan is the Done channel of a context that ended before any asked.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// start arms the attempt's bounds: attemptTimeout (0: none) from now, the
+// Start arms the attempt's bounds: attemptTimeout (0: none) from now, the
 // overall deadline and the parent's end.
-func (a *attemptCtx) start(parent context.Context, at *attemptTrace, deadline time.Time, attemptTimeout time.Duration) {
+func (a *Ctx) Start(parent context.Context, at *Trace, deadline time.Time, attemptTimeout time.Duration) {
 	a.parent, a.at, a.deadline = parent, at, deadline
 	var d time.Duration
 	cause := error(nil)
 	if attemptTimeout > 0 {
-		d, cause = attemptTimeout, errAttemptTimeout
+		d, cause = attemptTimeout, ErrTimeout
 	}
 	if !deadline.IsZero() {
 		if left := time.Until(deadline); cause == nil || left <= d {
@@ -93,9 +98,12 @@ func (a *attemptCtx) start(parent context.Context, at *attemptTrace, deadline ti
 	}
 }
 
-func (a *attemptCtx) Deadline() (time.Time, bool) { return a.deadline, !a.deadline.IsZero() }
+// Trace is the attempt's trace, the one Start was given.
+func (a *Ctx) Trace() *Trace { return a.at }
 
-func (a *attemptCtx) Done() <-chan struct{} {
+func (a *Ctx) Deadline() (time.Time, bool) { return a.deadline, !a.deadline.IsZero() }
+
+func (a *Ctx) Done() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.done == nil {
@@ -108,17 +116,17 @@ func (a *attemptCtx) Done() <-chan struct{} {
 	return a.done
 }
 
-func (a *attemptCtx) Err() error {
+func (a *Ctx) Err() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.err
 }
 
-func (a *attemptCtx) Value(key any) any { return a.parent.Value(key) }
+func (a *Ctx) Value(key any) any { return a.parent.Value(key) }
 
-// Cause is the reason the attempt ended: errAttemptTimeout, the deadline,
+// Cause is the reason the attempt ended: ErrTimeout, the deadline,
 // the parent's cause; nil while it runs.
-func (a *attemptCtx) Cause() error {
+func (a *Ctx) Cause() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.cause
@@ -127,7 +135,7 @@ func (a *attemptCtx) Cause() error {
 // AfterFunc runs f in its own goroutine once the attempt ends (as
 // context.AfterFunc does); stop unregisters it, reporting whether it did
 // so before f was started.
-func (a *attemptCtx) AfterFunc(f func()) func() bool {
+func (a *Ctx) AfterFunc(f func()) func() bool {
 	cf := &ctxFunc{f: f}
 	a.mu.Lock()
 	if a.err != nil {
@@ -150,9 +158,9 @@ func (a *attemptCtx) AfterFunc(f func()) func() bool {
 	}
 }
 
-// setHook registers the exchange's interrupt, run (synchronously) when the
+// SetHook registers the exchange's interrupt, run (synchronously) when the
 // attempt ends; it runs at once when it has already ended.
-func (a *attemptCtx) setHook(f func()) {
+func (a *Ctx) SetHook(f func()) {
 	a.mu.Lock()
 	if a.err != nil {
 		a.mu.Unlock()
@@ -163,26 +171,26 @@ func (a *attemptCtx) setHook(f func()) {
 	a.mu.Unlock()
 }
 
-// clearHook unregisters the interrupt, reporting whether the attempt was
+// ClearHook unregisters the interrupt, reporting whether the attempt was
 // still running (false: the interrupt ran or is running).
-func (a *attemptCtx) clearHook() bool {
+func (a *Ctx) ClearHook() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.hook = nil
 	return a.err == nil && !a.byTimer
 }
 
-// headArrived ends the per-attempt timeout: the response head is in. It
+// HeadArrived ends the per-attempt timeout: the response head is in. It
 // reports whether the timer had already ended the attempt (the response
 // came too late); otherwise the timer bounds the overall deadline alone.
-func (a *attemptCtx) headArrived() (late bool) {
+func (a *Ctx) HeadArrived() (late bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.byTimer {
 		return true
 	}
 	a.headDone = true
-	if a.timer == nil || a.err != nil || a.timerCause != errAttemptTimeout {
+	if a.timer == nil || a.err != nil || a.timerCause != ErrTimeout {
 		return false
 	}
 	if a.deadline.IsZero() {
@@ -195,22 +203,22 @@ func (a *attemptCtx) headArrived() (late bool) {
 	return false
 }
 
-// timedOut reports whether the attempt's timer ended it while the head
+// TimedOut reports whether the attempt's timer ended it while the head
 // was awaited (its per-attempt timeout, or the overall deadline).
-func (a *attemptCtx) timedOut() bool {
+func (a *Ctx) TimedOut() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.byTimer
 }
 
-func (a *attemptCtx) fire() {
+func (a *Ctx) fire() {
 	a.mu.Lock()
 	if a.err != nil {
 		a.mu.Unlock()
 		return
 	}
 	cause := a.timerCause
-	if a.headDone && cause == errAttemptTimeout {
+	if a.headDone && cause == ErrTimeout {
 		// A firing of the per-attempt timeout that raced the head's
 		// arrival: the timer has been re-armed for the deadline.
 		a.mu.Unlock()
@@ -227,7 +235,7 @@ func (a *attemptCtx) fire() {
 	// The witness's proof needs the connection frozen before anything
 	// interrupts it.
 	if a.at != nil {
-		a.at.freezeConn()
+		a.at.FreezeConn()
 	}
 	err := context.Canceled
 	if cause == context.DeadlineExceeded {
@@ -236,19 +244,19 @@ func (a *attemptCtx) fire() {
 	a.end(err, cause)
 }
 
-func (a *attemptCtx) parentEnded() {
+func (a *Ctx) parentEnded() {
 	a.end(a.parent.Err(), context.Cause(a.parent))
 }
 
-// finish ends the attempt once it is over (its response, if any, read or
+// Finish ends the attempt once it is over (its response, if any, read or
 // dropped): its timer and its registration with the parent are released.
-func (a *attemptCtx) finish() { a.end(context.Canceled, context.Canceled) }
+func (a *Ctx) Finish() { a.end(context.Canceled, context.Canceled) }
 
 // end ends the attempt with err and cause (the first end wins): it closes
 // Done, then (outside the lock) runs the interrupt and starts the
 // AfterFunc functions. A reader of Done may see it closed a moment before
 // the interrupt has run.
-func (a *attemptCtx) end(err, cause error) {
+func (a *Ctx) end(err, cause error) {
 	a.mu.Lock()
 	if a.err != nil {
 		a.mu.Unlock()

@@ -1,0 +1,84 @@
+package agent
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/agent/pods"
+	"github.com/egret-proxy/egret/internal/promtest"
+)
+
+// The kernel's direct-flow counters come out named by pod, in the summary
+// and as metrics whose series are per pod, path and outcome; a pod the
+// agent does not run (detached, retired sums) has none.
+func TestDirectFlowsNamedAndBounded(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	fake := NewFake()
+	src, _ := pods.NewMemory(pods.Pod{Name: "shop/web", Cgroup: "/cg/web", ListenPort: freePort(t)})
+	a, err := New(Config{Attacher: fake, Source: src, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, "running", func() bool { st, err := a.Pod("shop/web"); return err == nil && st.State == StateRunning })
+	st, _ := a.Pod("shop/web")
+
+	stats := bpfload.FlowStats{Connects: 50, Established: 40, Refused: 3, TimedOut: 2, Unreachable: 1,
+		ResetBeforeAck: 4, ResetAfterAck: 5, Retransmits: 7, SegsOut: 700}
+	var flows []bpfload.PodFlow
+	for _, p := range bpfload.FlowPaths {
+		flows = append(flows, bpfload.PodFlow{PodID: st.CgroupID, Path: p, Stats: stats})
+	}
+	flows = append(flows, bpfload.PodFlow{PodID: 0, Path: bpfload.PathLearned, Stats: stats},
+		bpfload.PodFlow{PodID: st.CgroupID + 1000, Path: bpfload.PathLearned, Stats: stats})
+	fake.SetFlows(flows)
+
+	if d := a.Status().Direct; d == nil || d.Connects != 200 || d.SafeToRetry != 40 || d.Ambiguous != 20 {
+		t.Errorf("status direct = %+v", d)
+	}
+	sum := NewSummarizer(a).Summary(time.Now())
+	if len(sum.Direct) != len(bpfload.FlowPaths) {
+		t.Fatalf("direct rows = %+v", sum.Direct)
+	}
+	for _, d := range sum.Direct {
+		if d.Namespace != "shop" || d.Pod != "web" || d.SafeToRetry != 10 || d.Ambiguous != 5 || d.Connects != 50 {
+			t.Errorf("direct row %+v", d)
+		}
+	}
+	if got := promtest.CounterSum(t, reg, "egret_agent_direct_flows_total", "pod", "web", "path", "learned_direct",
+		"outcome", "reset_after_ack", "evidence", "sent_no_response"); got != 5 {
+		t.Errorf("reset_after_ack = %v", got)
+	}
+	if got := promtest.CounterSum(t, reg, "egret_agent_direct_flows_total", "evidence", "not_sent"); got != 10*4 {
+		t.Errorf("not_sent over paths = %v", got)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if p.Metric == "egret_agent_direct_flows_total" || p.Metric == "egret_agent_direct_retransmits_total" {
+			t.Errorf("%s: %s", p.Metric, p.Text)
+		}
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "egret_agent_direct_flows_total" {
+			// connects, established, abandoned + 5 failure classes, per path.
+			if n := len(mf.GetMetric()); n != 8*len(bpfload.FlowPaths) {
+				t.Errorf("%d series, want %d", n, 8*len(bpfload.FlowPaths))
+			}
+		}
+	}
+}
