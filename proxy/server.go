@@ -296,6 +296,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if s.closeIdleConns(closeNew) == 0 {
 			return nil
 		}
+		// An ended grace comes first: a connection's change ready at
+		// the same moment must not let Shutdown report success.
+		if ctx.Err() != nil {
+			s.cutInFlight()
+			return ctx.Err()
+		}
 		select {
 		case <-ctx.Done():
 			s.cutInFlight()
