@@ -10,7 +10,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
-	"github.com/egret-proxy/egret/internal/promtest"
+	"github.com/egret-proxy/egret/internal/testkit/promtest"
 )
 
 // The kernel's direct-flow counters come out named by pod, in the summary

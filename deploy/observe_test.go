@@ -26,7 +26,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/proxy/proxytest"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/dnstest"
+	"github.com/egret-proxy/egret/internal/testkit/dnstest"
 )
 
 // Issue 22, finding 1: the unspecified address and the IPv4-mapped forms

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/dnstest"
+	"github.com/egret-proxy/egret/internal/testkit/dnstest"
 )
 
 // TestNamesLookups: Names asks egret's resolver once for a burst of

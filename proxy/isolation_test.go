@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/internal/dnstest"
+	"github.com/egret-proxy/egret/internal/testkit/dnstest"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
 

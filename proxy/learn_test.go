@@ -11,8 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/egret-proxy/egret/internal/dnstest"
-	"github.com/egret-proxy/egret/internal/promtest"
+	"github.com/egret-proxy/egret/internal/testkit/dnstest"
+	"github.com/egret-proxy/egret/internal/testkit/promtest"
 	"github.com/egret-proxy/egret/proxy/policy"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // testNetns is a network namespace made for one test, with loopback up and

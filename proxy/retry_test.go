@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // fastRetries is a policy with short, fixed waits so tests run quickly.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 func TestExplicitGetAndPost(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // lines collects the proxy's request log lines.

@@ -25,8 +25,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/internal/promtest"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/promtest"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
 )

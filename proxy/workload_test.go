@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/egret-proxy/egret/internal/promtest"
+	"github.com/egret-proxy/egret/internal/testkit/promtest"
 )
 
 // fakeClock is an injected clock that moves only when told.

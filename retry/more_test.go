@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/internal/promtest"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/promtest"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // bodies records the bodies the server received.

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/witness"
 	"golang.org/x/sys/unix"

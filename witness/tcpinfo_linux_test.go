@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 func rawOf(t *testing.T, c net.Conn) syscall.RawConn {

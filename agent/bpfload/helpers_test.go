@@ -16,7 +16,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // env is one loaded egret with its own pin directory and cgroup subtree.

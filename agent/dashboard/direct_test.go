@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/agent"
-	"github.com/egret-proxy/egret/internal/browsertest"
+	"github.com/egret-proxy/egret/internal/testkit/browsertest"
 	"github.com/egret-proxy/egret/proxy"
 )
 

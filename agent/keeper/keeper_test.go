@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/agent/keeper"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // start runs a keeper on a socket in a fresh directory until the test ends.

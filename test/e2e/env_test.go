@@ -28,7 +28,7 @@ import (
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/retry"
 )

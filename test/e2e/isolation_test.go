@@ -24,7 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/dnstest"
+	"github.com/egret-proxy/egret/internal/testkit/dnstest"
 	"github.com/egret-proxy/egret/proxy"
 	"github.com/egret-proxy/egret/proxy/policy"
 )

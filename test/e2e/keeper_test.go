@@ -15,7 +15,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // startKeeper runs `egret keeper` on a socket in dir until the test ends.

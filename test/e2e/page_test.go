@@ -14,7 +14,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/dashboard"
 	"github.com/egret-proxy/egret/agent/pods"
-	"github.com/egret-proxy/egret/internal/browsertest"
+	"github.com/egret-proxy/egret/internal/testkit/browsertest"
 )
 
 // podCell is the JavaScript of the text of column col (from 1) of pod's

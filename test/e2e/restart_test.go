@@ -21,7 +21,7 @@ import (
 	"github.com/egret-proxy/egret/agent"
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/test/ledger"
 )
 

@@ -2,7 +2,7 @@
 // shows what plain `go test` shows (a line per package; the output of the
 // tests that failed), plus two things plain `go test` hides:
 //
-//   - the progress lines of long preparations (internal/testenv.Progress,
+//   - the progress lines of long preparations (internal/testkit/testenv.Progress,
 //     such as the kube-apiserver build), as they come, even in a package
 //     that passes;
 //   - at the end, every test that skipped and why (a test whose

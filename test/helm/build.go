@@ -15,8 +15,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/egret-proxy/egret/internal/testenv"
-	"github.com/egret-proxy/egret/internal/toolbuild"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/toolbuild"
 )
 
 // EnvHelm names a prebuilt helm; when set the tools module is not built.
@@ -27,7 +27,7 @@ var mu sync.Mutex
 // Binary returns the path of helm, building it from the tools module the
 // first time on a machine (a few minutes; see README.md). EGRET_HELM names
 // a prebuilt one instead. A missing go command or a failed build skips the
-// test, or fails it under CI (internal/testenv).
+// test, or fails it under CI (internal/testkit/testenv).
 func Binary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv(EnvHelm); p != "" {
@@ -46,7 +46,7 @@ func ToolsDir() string {
 	return filepath.Join(filepath.Dir(file), "tools")
 }
 
-// module is the tools module as internal/toolbuild builds it: helm with
+// module is the tools module as internal/testkit/toolbuild builds it: helm with
 // -trimpath and without cgo, as its own release builds are.
 func module() toolbuild.Module {
 	return toolbuild.Module{Name: "helm", Dir: ToolsDir(), LDFlags: ldflags,

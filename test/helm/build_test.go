@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/egret-proxy/egret/internal/toolbuild"
+	"github.com/egret-proxy/egret/internal/testkit/toolbuild"
 )
 
 // The flags stamp the helm version and the Kubernetes minor version the

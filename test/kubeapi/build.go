@@ -10,8 +10,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/egret-proxy/egret/internal/testenv"
-	"github.com/egret-proxy/egret/internal/toolbuild"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/toolbuild"
 )
 
 // Environment variables naming prebuilt binaries; when both are set the
@@ -98,7 +98,7 @@ func Binaries(t testing.TB) (apiserver, etcd string) {
 // reports its start and end on standard error, and on /dev/tty when there
 // is one (go test keeps a passing package's output to itself). A missing go
 // command or a failed build skips the test, or fails it under CI
-// (internal/testenv).
+// (internal/testkit/testenv).
 func Programs(t testing.TB, names ...string) map[string]string {
 	t.Helper()
 	binMu.Lock()
@@ -115,7 +115,7 @@ func ToolsDir() string {
 	return filepath.Join(filepath.Dir(file), "tools")
 }
 
-// module is the tools module as internal/toolbuild builds it.
+// module is the tools module as internal/testkit/toolbuild builds it.
 func module() toolbuild.Module {
 	return toolbuild.Module{Name: "kubeapi", Dir: ToolsDir(), LDFlags: ldflags, Readme: "test/kubeapi/README.md"}
 }

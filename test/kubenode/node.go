@@ -58,7 +58,7 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/agent/netns"
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/test/kubeapi"
 )
 

@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/test/kubenode"
 	"github.com/egret-proxy/egret/test/ledger"
 )

@@ -59,7 +59,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/test/ledger"
 )
 

@@ -34,7 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // Prefix starts the name of every cgroup, netns pin and bpffs directory a

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // v1Hierarchy returns the mount point of a cgroup v1 hierarchy, or "".

@@ -29,7 +29,7 @@ import (
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/agent/pods/kube"
 	"github.com/egret-proxy/egret/internal/cgroup2"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/test/kubeapi"
 )
 

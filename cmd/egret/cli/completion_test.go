@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // The completion scripts load in real bash, zsh and fish and complete

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/browsertest"
+	"github.com/egret-proxy/egret/internal/testkit/browsertest"
 	"github.com/egret-proxy/egret/test/ledger"
 )
 

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	ucli "github.com/urfave/cli/v2"
 )
 

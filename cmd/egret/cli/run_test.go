@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/egret-proxy/egret/agent/netns"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // TestCollectTouchesOnlyRunsWhoseProcessIsGone: a live `egret run` holds

@@ -23,7 +23,7 @@ import (
 
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/internal/ociimage"
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // TestImageIndexInContainerd: the archive TestImageIndex inspects is

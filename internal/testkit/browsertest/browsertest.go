@@ -28,7 +28,7 @@ import (
 
 	"golang.org/x/net/websocket"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // Browser is a headless Chromium started for one test.

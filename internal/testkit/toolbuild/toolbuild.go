@@ -7,7 +7,7 @@
 // One build at a time per cache directory: an exclusive flock on
 // DIR/.lock makes concurrent test processes wait for one build instead of
 // each building. The build's start, a line every 30 s and its end reach a
-// person through internal/testenv.Progress (go test keeps a passing
+// person through internal/testkit/testenv.Progress (go test keeps a passing
 // package's output to itself).
 package toolbuild
 
@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/egret-proxy/egret/internal/testenv"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 )
 
 // Program is one main package of the tools module.
