@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/egret-proxy/egret/agent"
+	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/pods"
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
@@ -183,7 +184,8 @@ func egretFamilies(t *testing.T) map[string]*family {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{Attacher: agent.NewFake(), Source: src, Policy: w, Registerer: rec,
+	fake := agent.NewFake()
+	a, err := agent.New(agent.Config{Attacher: fake, Source: src, Policy: w, Registerer: rec,
 		Logger: quiet(), RetryInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +198,17 @@ func egretFamilies(t *testing.T) map[string]*family {
 		b, err2 := a.Pod("busy")
 		return err1 == nil && err2 == nil && web.State == agent.StateRunning && b.State == agent.StateFailed
 	})
+	// The kernel's direct-flow counters for web, so that their families
+	// have samples (a Fake's pods make no connects of their own).
+	web, _ := a.Pod("web")
+	fake.SetFlows([]bpfload.PodFlow{{PodID: web.CgroupID, Path: bpfload.PathLearned,
+		Stats: bpfload.FlowStats{Connects: 3, Established: 1, Refused: 1, ResetAfterAck: 1, Retransmits: 2, SegsOut: 9}}})
 	a.SourceError(errors.New("refused reload"))
+	running, err := reg.Gather() // the flow families are read while the pods run
+	if err != nil {
+		t.Fatal(err)
+	}
+	merge(rec.fams, running)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
