@@ -252,6 +252,24 @@ func (l *Loader) linkDir(kind string, id uint64) string {
 	return filepath.Join(l.pinDir, "links", kind, strconv.FormatUint(id, 10))
 }
 
+// attachCgroup attaches kind's programs to the cgroup and pins the links.
+//
+// The order beside other programs is chosen: a bpf_link without flags
+// (link.AttachCgroup tries that first), which the kernel treats as
+// BPF_F_ALLOW_MULTI. A connect runs the cgroup's own programs first, then
+// its parent's, up to the root (kernel/bpf/cgroup.c,
+// compute_effective_progs), so a pod's connect4/6 run before any
+// ancestor's program that was not attached with BPF_F_PREORDER (a flag of
+// recent kernels: preorder programs run before every descendant's, the
+// root's first). A CNI's socket load balancer at the root therefore sees what
+// egret left (its listener), and egret sees the ClusterIP the pod dialled;
+// one attached with BPF_F_PREORDER runs first and egret sees the backend
+// it chose. egret does not ask for BPF_F_PREORDER itself: it would not
+// move egret ahead of an ancestor's preorder program, and the order would
+// then differ between kernels. On a kernel without cgroup links (before
+// 5.7) link.AttachCgroup falls back to BPF_F_ALLOW_MULTI, the same order,
+// and pinning the link fails, so nothing is attached there. See README.md,
+// "Order beside other cgroup programs".
 func (l *Loader) attachCgroup(kind, cgroupPath string, id uint64) error {
 	dir := l.linkDir(kind, id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {

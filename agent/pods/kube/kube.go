@@ -345,6 +345,11 @@ func (r *run) resolve(pod *corev1.Pod) (pods.Pod, bool) {
 			"the pod is left out (its connects go direct)")
 		return pods.Pod{}, false
 	}
+	if m := MeshSidecar(pod); m != "" {
+		r.problem(pod, ReasonMeshSidecar, fmt.Errorf("%w: pod %s: %s", ErrMeshSidecar, p.Name, m),
+			"the pod is left out: its connects go direct, to the mesh's sidecar, which retries on its own; behind egret as well, a request could be retried by both (deploy/README.md, \"Beside a service mesh or an eBPF CNI\")")
+		return pods.Pod{}, false
+	}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 	case corev1.PodPending:

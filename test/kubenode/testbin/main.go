@@ -22,6 +22,14 @@
 //	                                  answered (after -post-delay for a POST). SIGTERM: stop
 //	                                  accepting, finish what is in flight; with -abrupt exit at
 //	                                  once, every connection reset
+//	testbin sidecar [-listen :15001] [-admin :15020] [-retries 2]
+//	                                  a stand-in for a mesh's sidecar proxy: serves the connections
+//	                                  the pod's iptables REDIRECT sends it, forwards each request to
+//	                                  its original destination (SO_ORIGINAL_DST), retrying a 503 or
+//	                                  a failed connect up to -retries times whatever the method (as
+//	                                  Istio does by default); answers carry Sidecar-Attempts: N.
+//	                                  /stats on -admin (JSON): requests, attempts, and requests by
+//	                                  their Ledger-Id header
 //	testbin spread -n 300 URL         N GETs, each on a new connection (and a new DNS lookup);
 //	                                  prints JSON: answers by Served-By, by status, errors
 package main
@@ -45,6 +53,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -65,6 +75,8 @@ func main() {
 		serve(os.Args[2:])
 	case "spread":
 		os.Exit(spread(os.Args[2:]))
+	case "sidecar":
+		sidecar(os.Args[2:])
 	case "probe-once":
 		if len(os.Args) != 3 {
 			os.Exit(2)
@@ -505,4 +517,133 @@ func spread(args []string) int {
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(res)
 	return 0
+}
+
+// SidecarStats are what sidecar received.
+type SidecarStats struct {
+	Requests int `json:"requests"`
+	Attempts int `json:"attempts"`
+	// ByID counts the requests received by their Ledger-Id header.
+	ByID map[string]int `json:"by_id"`
+	// Errors are the first failures to forward.
+	Errors []string `json:"errors"`
+}
+
+type origDstKey struct{}
+
+// sidecar is a mesh sidecar's stand-in: the pod's nat OUTPUT rule sends
+// every TCP connect but its own (its uid) here.
+func sidecar(args []string) {
+	fs := flag.NewFlagSet("sidecar", flag.ExitOnError)
+	listen := fs.String("listen", ":15001", "where the redirected connections arrive")
+	admin := fs.String("admin", ":15020", "where /stats is served")
+	retries := fs.Int("retries", 2, "retries of a 503 or a failed connect")
+	_ = fs.Parse(args)
+	var mu sync.Mutex
+	st := SidecarStats{ByID: map[string]int{}}
+	am := http.NewServeMux()
+	am.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	})
+	go func() { fmt.Fprintln(os.Stderr, http.ListenAndServe(*admin, am)); os.Exit(1) }()
+	tr := &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, ctx.Value(origDstKey{}).(string))
+		},
+	}
+	srv := &http.Server{
+		Addr: *listen,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			dst, err := originalDst(c.(*net.TCPConn))
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "sidecar: SO_ORIGINAL_DST:", err)
+				dst = ""
+			}
+			return context.WithValue(ctx, origDstKey{}, dst)
+		},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			st.Requests++
+			st.ByID[r.Header.Get("Ledger-Id")]++
+			mu.Unlock()
+			var resp *http.Response
+			n := 0
+			for ; n <= *retries; n++ {
+				if resp != nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				out := r.Clone(r.Context())
+				out.RequestURI = ""
+				out.URL.Scheme, out.URL.Host = "http", r.Host
+				out.Body = io.NopCloser(strings.NewReader(string(body)))
+				mu.Lock()
+				st.Attempts++
+				mu.Unlock()
+				resp, err = tr.RoundTrip(out)
+				if err != nil {
+					mu.Lock()
+					if len(st.Errors) < 20 {
+						st.Errors = append(st.Errors, err.Error())
+					}
+					mu.Unlock()
+					resp = nil
+					var op *net.OpError
+					if errors.As(err, &op) && op.Op == "dial" {
+						continue
+					}
+					break
+				}
+				if resp.StatusCode != http.StatusServiceUnavailable {
+					break
+				}
+			}
+			if resp == nil {
+				http.Error(w, "sidecar: upstream connect failure", http.StatusServiceUnavailable)
+				return
+			}
+			defer resp.Body.Close()
+			for k, v := range resp.Header {
+				w.Header()[k] = v
+			}
+			w.Header().Set("Sidecar-Attempts", strconv.Itoa(min(n+1, *retries+1)))
+			w.WriteHeader(resp.StatusCode)
+			_, _ = io.Copy(w, resp.Body)
+		}),
+	}
+	fmt.Fprintln(os.Stderr, srv.ListenAndServe())
+	os.Exit(1)
+}
+
+// originalDst is where a connection the nat table redirected was going.
+func originalDst(c *net.TCPConn) (string, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return "", err
+	}
+	var addr string
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		// struct sockaddr_in, read as the 16 bytes of an ipv6_mreq.
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = err
+			return
+		}
+		b := m.Multiaddr
+		addr = net.JoinHostPort(net.IPv4(b[4], b[5], b[6], b[7]).String(), strconv.Itoa(int(b[2])<<8|int(b[3])))
+	})
+	if err == nil {
+		err = serr
+	}
+	return addr, err
 }
