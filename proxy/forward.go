@@ -28,6 +28,7 @@ import (
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/proxy/spool"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // Headers the proxy reads or writes (spec section 6). The request id and
@@ -204,7 +205,7 @@ func (c *conn) admit(req *http.Request, x *exchange) (tg target, shorten time.Du
 	// A request asking to switch protocols is HTTP until the upstream's
 	// 101: framed, forwarded and answered as any other. Its switch is a
 	// tunnel, so it goes only where a CONNECT may.
-	x.upgrade = retry.AsksUpgrade(req)
+	x.upgrade = client.AsksUpgrade(req)
 	if x.upgrade {
 		if err := c.upgradeAllowed(tg); err != nil {
 			return tg, 0, &refusal{status: http.StatusForbidden, msg: err.Error()}

@@ -7,23 +7,24 @@ import (
 
 	"github.com/egret-proxy/egret/proxy/policy"
 	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
-// bases holds the one-attempt transports (retry.HTTPTransport) a request's
+// bases holds the one-attempt transports (client.HTTPTransport) a request's
 // attempts run on (retry.Exchange.Base): one per way of speaking to
 // upstreams (protocol, TLS settings), so that connections are pooled per
 // upstream setting and dialled through the server's DialFunc.
 type bases struct {
 	dial DialFunc
 	mu   sync.Mutex
-	m    map[string]*retry.HTTPTransport
+	m    map[string]*client.HTTPTransport
 	// tls maps a TLS protocol and server name to the key in m of the
 	// transport made for its latest TLS configuration.
 	tls map[string]string
 }
 
 func newBases(dial DialFunc) *bases {
-	return &bases{dial: dial, m: make(map[string]*retry.HTTPTransport), tls: make(map[string]string)}
+	return &bases{dial: dial, m: make(map[string]*client.HTTPTransport), tls: make(map[string]string)}
 }
 
 // get returns the transport for upstream u reached under host name host,
@@ -33,7 +34,7 @@ func newBases(dial DialFunc) *bases {
 // configuration: when a reloaded policy read new files (a rotated CA or
 // client certificate), a new transport is made, and the idle connections
 // of the one it replaces are closed.
-func (b *bases) get(u *policy.Upstream, host string, proto policy.Protocol) (*retry.HTTPTransport, error) {
+func (b *bases) get(u *policy.Upstream, host string, proto policy.Protocol) (*client.HTTPTransport, error) {
 	key, slot, serverName := string(proto), "", ""
 	if u.TLS.Enabled {
 		if u.TLSConfigID() == "" {
@@ -61,14 +62,14 @@ func (b *bases) get(u *policy.Upstream, host string, proto policy.Protocol) (*re
 		}
 		b.tls[slot] = key
 	}
-	opts := retry.HTTPOptions{
+	opts := client.HTTPOptions{
 		DialContext:        b.dial,
 		TLS:                tc,
 		HTTP2:              proto == policy.ProtocolAuto || proto == policy.ProtocolH2,
 		H2C:                proto == policy.ProtocolH2C,
 		DisableCompression: true,
 	}
-	t := retry.NewHTTPTransport(opts)
+	t := client.NewHTTPTransport(opts)
 	b.m[key] = t
 	return t, nil
 }
@@ -76,7 +77,7 @@ func (b *bases) get(u *policy.Upstream, host string, proto policy.Protocol) (*re
 // closeAddrs closes every transport's connections to addrs (CloseAddr).
 func (b *bases) closeAddrs(addrs []string) {
 	b.mu.Lock()
-	ts := make([]*retry.HTTPTransport, 0, len(b.m))
+	ts := make([]*client.HTTPTransport, 0, len(b.m))
 	for _, t := range b.m {
 		ts = append(ts, t)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/retry"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // FuzzUpgrade runs a request head with any Upgrade and Connection fields
@@ -122,7 +122,7 @@ func FuzzUpgrade(f *testing.F) {
 			for err == nil && rr.StatusCode >= 100 && rr.StatusCode < 200 && rr.StatusCode != 101 {
 				rr, err = http.ReadResponse(rrb, nil)
 			}
-			if first == nil || !retry.AsksUpgrade(first) || err != nil || rr.StatusCode != 101 || rr.Header.Get("Upgrade") == "" {
+			if first == nil || !client.AsksUpgrade(first) || err != nil || rr.StatusCode != 101 || rr.Header.Get("Upgrade") == "" {
 				t.Fatalf("the client got a 101 to %q, the upstream having said %q", sent.String(), reply)
 			}
 			return // what follows went through the switch

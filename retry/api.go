@@ -18,8 +18,8 @@
 //     (*Error, *AmbiguousError).
 //   - classify.go: evidence from the attempt's progress and the error, and
 //     the witness's before/after snapshots.
-//   - HTTPTransport (httptransport.go): the one-attempt Base, handed each
-//     attempt by the runner (send): its own HTTP/1.1 client (h1.go), and
+//   - client.HTTPTransport (package retry/client): the one-attempt Base, handed each
+//     attempt by the runner (Send): its own HTTP/1.1 client, and
 //     HTTP/2 (h2c prior knowledge, ALPN h2) on its own pool of net/http
 //     connections, so that nothing is replayed behind the engine's back.
 //   - retry/attempt: the contract between the loop and the client: the
@@ -30,7 +30,7 @@
 // Use:
 //
 //	client := &http.Client{Transport: &retry.Transport{
-//		Base:    retry.NewHTTPTransport(retry.HTTPOptions{HTTP2: true}),
+//		Base:    client.NewHTTPTransport(client.HTTPOptions{HTTP2: true}),
 //		Witness: witness.TCPInfo{},
 //	}}
 //	resp, err := client.Post(url, "application/json", bytes.NewReader(b))

@@ -7,10 +7,12 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // BenchmarkTransport compares keep-alive GETs over loopback through
-// Transport (on NewHTTPTransport) with the bare http.Transport.
+// Transport (on client.NewHTTPTransport) with the bare http.Transport.
 func BenchmarkTransport(b *testing.B) {
 	body := make([]byte, 512)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
@@ -36,7 +38,7 @@ func BenchmarkTransport(b *testing.B) {
 		run(b, t)
 	})
 	b.Run("egret", func(b *testing.B) {
-		base := NewHTTPTransport(HTTPOptions{})
+		base := client.NewHTTPTransport(client.HTTPOptions{})
 		defer base.CloseIdleConnections()
 		run(b, &Transport{Base: base})
 	})
@@ -53,7 +55,7 @@ func BenchmarkTransport(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			bare := &http.Transport{MaxIdleConnsPerHost: 64}
 			defer bare.CloseIdleConnections()
-			base := NewHTTPTransport(HTTPOptions{})
+			base := client.NewHTTPTransport(client.HTTPOptions{})
 			defer base.CloseIdleConnections()
 			eg := &Transport{Base: base}
 			req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
@@ -91,14 +93,14 @@ func BenchmarkTransport(b *testing.B) {
 		})
 	}
 	b.Run("egret+tcp_info", func(b *testing.B) {
-		base := NewHTTPTransport(HTTPOptions{})
+		base := client.NewHTTPTransport(client.HTTPOptions{})
 		defer base.CloseIdleConnections()
 		run(b, &Transport{Base: base, Witness: tcpInfoForBench()})
 	})
 }
 
 // BenchmarkTransportH2C runs keep-alive GETs over h2c (HTTP/2 with prior
-// knowledge) on loopback through Transport on NewHTTPTransport's HTTP/2
+// knowledge) on loopback through Transport on client.NewHTTPTransport's HTTP/2
 // pool, beside a bare net/http Transport speaking h2c to the same server.
 func BenchmarkTransportH2C(b *testing.B) {
 	body := make([]byte, 512)
@@ -133,7 +135,7 @@ func BenchmarkTransportH2C(b *testing.B) {
 		run(b, t)
 	})
 	b.Run("egret", func(b *testing.B) {
-		base := NewHTTPTransport(HTTPOptions{H2C: true})
+		base := client.NewHTTPTransport(client.HTTPOptions{H2C: true})
 		defer base.CloseIdleConnections()
 		run(b, &Transport{Base: base})
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/attempt"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // classify maps a failed attempt to its failure category (spec section 2)
@@ -27,7 +28,7 @@ func classify(a *attempt.Progress, err error, timedOut bool) (engine.Category, S
 }
 
 func classifyProgress(a *attempt.Progress, err error, timedOut bool) (engine.Category, Stage) {
-	var de *DialError
+	var de *client.DialError
 	if errors.As(err, &de) {
 		if de.Op == "tls" {
 			if isCertError(de.Err) {
@@ -37,7 +38,7 @@ func classifyProgress(a *attempt.Progress, err error, timedOut bool) (engine.Cat
 		}
 		return dialCategory(de.Err, timedOut || a.ConnectStart && !a.ConnectDone && isTimeout(de.Err))
 	}
-	if h2Refused(err) {
+	if client.StreamRefused(err) {
 		// REFUSED_STREAM, above a GOAWAY's last stream, or on connections
 		// that would open no new stream: the server never saw it.
 		return engine.RefusedStream, StageHeaders
@@ -71,7 +72,7 @@ func classifyProgress(a *attempt.Progress, err error, timedOut bool) (engine.Cat
 		return engine.PoolTimeout, StagePool
 	}
 	switch {
-	case timedOut && peerReset(err):
+	case timedOut && client.PeerReset(err):
 		// The server's RST_STREAM or GOAWAY came back from RoundTrip,
 		// and the timer fired before we looked: only the peer writes
 		// those, so the peer ended the attempt, not our timer.

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // fakeDNS answers every query on loopback UDP with rcode.
@@ -66,7 +67,7 @@ func TestDNS(t *testing.T) {
 		t.Run(tc.want.String(), func(t *testing.T) {
 			d := resolverDialer(fakeDNS(t, tc.rcode))
 			tr, _, _ := testTransport(t, nil)
-			tr.Base = NewHTTPTransport(HTTPOptions{DialContext: d.DialContext})
+			tr.Base = client.NewHTTPTransport(client.HTTPOptions{DialContext: d.DialContext})
 			_, err := tr.RoundTrip(post(t, "http://nothing.egret-test.example:8080/", "x"))
 			var e *Error
 			if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Status != 503 {
@@ -94,7 +95,7 @@ func TestConnectTimeout(t *testing.T) {
 		return nil, ctx.Err()
 	}
 	tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 50 * time.Millisecond })
-	tr.Base = NewHTTPTransport(HTTPOptions{DialContext: blackhole})
+	tr.Base = client.NewHTTPTransport(client.HTTPOptions{DialContext: blackhole})
 	_, err := tr.RoundTrip(post(t, "http://127.0.0.1:9/", "x"))
 	var e *Error
 	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 3 {

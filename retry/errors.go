@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // Sentinels for errors.Is on the errors RoundTrip returns.
@@ -19,7 +20,7 @@ var (
 	// ErrRequestInvalid: the request cannot be sent as it is. It is a
 	// cause inside an *Error, whose message already begins with "egret: ";
 	// like every cause this package makes, it has no prefix of its own.
-	ErrRequestInvalid = errors.New("invalid request")
+	ErrRequestInvalid = client.ErrRequestInvalid
 	// ErrNoEndpoint: the upstream's Endpoints had none to offer (a
 	// Service without a ready or serving endpoint); nothing was dialled.
 	ErrNoEndpoint = errors.New("no endpoint available")

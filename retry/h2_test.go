@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // h2Action is what the raw HTTP/2 server does with a request stream.
@@ -123,7 +125,7 @@ func h2Finish(fr *http2.Framer, id uint32, a h2Action, executed *atomic.Int64) b
 
 func h2cTransport(t *testing.T) *Transport {
 	tr, _, _ := testTransport(t, nil)
-	base := NewHTTPTransport(HTTPOptions{H2C: true})
+	base := client.NewHTTPTransport(client.HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
 	tr.Base = base
 	return tr
@@ -189,7 +191,10 @@ func TestH2CGoAwayCoveringStreamIsAmbiguousForPOST(t *testing.T) {
 	if !errors.As(err, &a) {
 		t.Fatalf("err %T %v, want ambiguous", err, err)
 	}
-	if h2ConnFaultOf(err) != h2GoAwayClosed || executed.Load() != 1 {
+	// The cause: the server's GOAWAY covered the stream and closed the
+	// connection (a peer reset that refuses nothing).
+	if !client.PeerReset(err) || client.StreamRefused(err) ||
+		!strings.Contains(err.Error(), "server sent GOAWAY and closed the connection") || executed.Load() != 1 {
 		t.Fatalf("cause %v executed %d", a.Err, executed.Load())
 	}
 }
@@ -240,7 +245,7 @@ func TestH2CResponseTimeoutAfterInterimResponse(t *testing.T) {
 		})})
 	})
 	tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 100 * time.Millisecond })
-	base := NewHTTPTransport(HTTPOptions{H2C: true})
+	base := client.NewHTTPTransport(client.HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
 	tr.Base = base
 	_, err := tr.RoundTrip(post(t, srv.url(), "charge"))
@@ -259,7 +264,7 @@ func TestH2CResponseTimeoutAfterInterimResponse(t *testing.T) {
 func tlsTransport(t *testing.T, srv *httptest.Server, h2 bool) *Transport {
 	tr, _, _ := testTransport(t, nil)
 	cfg := &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}
-	base := NewHTTPTransport(HTTPOptions{TLS: cfg, HTTP2: h2})
+	base := client.NewHTTPTransport(client.HTTPOptions{TLS: cfg, HTTP2: h2})
 	t.Cleanup(base.CloseIdleConnections)
 	tr.Base = base
 	return tr
@@ -325,3 +330,24 @@ func TestTLSHandshakeFailureIsNotSent(t *testing.T) {
 		t.Fatalf("attempt %+v", a)
 	}
 }
+
+// h2BaseError sends one POST straight on client.HTTPTransport (h2c, no retry
+// Transport) to a raw HTTP/2 server that does a to it, and returns
+// RoundTrip's error: net/http's own, as egret's classifier receives it.
+func h2BaseError(t *testing.T, a h2Action) error {
+	t.Helper()
+	var executed atomic.Int64
+	srv := h2RawServer(t, func(int64) h2Action { return a }, &executed)
+	base := client.NewHTTPTransport(client.HTTPOptions{H2C: true})
+	t.Cleanup(base.CloseIdleConnections)
+	resp, err := base.RoundTrip(post(t, srv.url(), "x"))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("action %d: status %d, want an error", a, resp.StatusCode)
+	}
+	return err
+}
+
+// h2PeerResetError is net/http's error for a stream the server reset with
+// INTERNAL_ERROR after reading the whole request.
+func h2PeerResetError(t *testing.T) error { return h2BaseError(t, h2ResetAfterRead) }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // rawServer is a loopback TCP server whose connections are handled by fn
@@ -120,7 +121,7 @@ func (l *lockedRand) Int64N(n int64) int64 {
 // a fresh pool and the given policy changes.
 func testTransport(t *testing.T, edit func(*Policy)) (*Transport, *sleeps, *[]*Trace) {
 	t.Helper()
-	base := NewHTTPTransport(HTTPOptions{})
+	base := client.NewHTTPTransport(client.HTTPOptions{})
 	t.Cleanup(base.CloseIdleConnections)
 	s := &sleeps{}
 	var mu sync.Mutex

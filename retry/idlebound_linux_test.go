@@ -4,6 +4,7 @@ package retry
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -15,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/attempt"
+	"github.com/egret-proxy/egret/retry/client"
 	"github.com/egret-proxy/egret/witness"
-	"golang.org/x/sys/unix"
 )
 
 // keepAliveServer answers every request 200 on a keep-alive connection,
@@ -83,7 +86,9 @@ func TestRiskyRequestWithinKeepAliveBound(t *testing.T) {
 	srv := keepAliveServer(t, "timeout=1, max=100", &posts)
 	tr, _, traces := testTransport(t, nil)
 	clock := &fakeClock{now: time.Unix(1e9, 0)}
-	tr.Base.(*HTTPTransport).h1.clock = clock.Now
+	base := client.NewHTTPTransport(client.HTTPOptions{Clock: clock.Now})
+	t.Cleanup(base.CloseIdleConnections)
+	tr.Base = base
 
 	roundTripOK(t, tr, "GET", srv.url()) // learns timeout=1
 	clock.advance(500 * time.Millisecond)
@@ -128,7 +133,20 @@ func TestRiskyRequestAfterCloseSeen(t *testing.T) {
 	srv := keepAliveServer(t, "", &posts)
 	tr, _, traces := testTransport(t, nil)
 	clock := &fakeClock{now: time.Unix(1e9, 0)}
-	tr.Base.(*HTTPTransport).h1.clock = clock.Now
+	// The connections the pool dials, in order: the first is the one the
+	// upstream closes while it is idle in the pool.
+	dialed := make(chan net.Conn, 8)
+	var d net.Dialer
+	base := client.NewHTTPTransport(client.HTTPOptions{Clock: clock.Now,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err == nil {
+				dialed <- c
+			}
+			return c, err
+		}})
+	t.Cleanup(base.CloseIdleConnections)
+	tr.Base = base
 
 	roundTripOK(t, tr, "POST", srv.url())
 	// The upstream's idle timer: it closes the connection.
@@ -139,11 +157,7 @@ func TestRiskyRequestAfterCloseSeen(t *testing.T) {
 	clock.advance(1500 * time.Millisecond)
 	// The close is seen by the pool once the FIN is in (no timing
 	// assumption: wait for it on the client's socket).
-	pc := tr.Base.(*HTTPTransport).h1
-	pc.mu.Lock()
-	idle := pc.idle[poolKey{"http", srv.ln.Addr().String()}][0]
-	pc.mu.Unlock()
-	waitPeerFIN(t, idle.wc)
+	waitPeerFIN(t, <-dialed)
 	for range 3 {
 		roundTripOK(t, tr, "POST", srv.url())
 		clock.advance(1500 * time.Millisecond)

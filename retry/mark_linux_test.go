@@ -14,13 +14,14 @@ import (
 
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/retry/attempt"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 func TestSOMark(t *testing.T) {
 	testenv.RequireRoot(t)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
-	base := NewHTTPTransport(HTTPOptions{Mark: 0x2a})
+	base := client.NewHTTPTransport(client.HTTPOptions{Mark: 0x2a})
 	defer base.CloseIdleConnections()
 	var conn net.Conn
 	req := get(t, srv.URL)

@@ -22,6 +22,7 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/testkit/promtest"
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
+	"github.com/egret-proxy/egret/retry/client"
 )
 
 // bodies records the bodies the server received.
@@ -349,7 +350,7 @@ func TestBodylessWireFormat(t *testing.T) {
 		got <- seen{r.Method, r.TransferEncoding, r.ContentLength, r.RemoteAddr}
 	}))
 	defer srv.Close()
-	// Both on HTTPTransport and on net/http's own Transport as the base
+	// Both on client.HTTPTransport and on net/http's own Transport as the base
 	// (there the body that stops net/http's replays is in play).
 	for i, idem := range []engine.Idempotency{{}, {RouteSet: true, Route: false}, {}, {RouteSet: true, Route: false}} {
 		tr, _, _ := testTransport(t, func(p *Policy) { p.Idempotency = idem })
@@ -407,7 +408,7 @@ func TestWaitingForPooledConnIsPoolTimeout(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	base := NewHTTPTransport(HTTPOptions{MaxConnsPerHost: 1})
+	base := client.NewHTTPTransport(client.HTTPOptions{MaxConnsPerHost: 1})
 	defer base.CloseIdleConnections()
 	busy := &Transport{Base: base}
 	started := make(chan struct{})

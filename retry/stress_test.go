@@ -13,6 +13,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 
+	"github.com/egret-proxy/egret/retry/client"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -57,7 +58,7 @@ func TestConcurrentMixed(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			tr, _, _ := testTransport(t, nil)
-			base := NewHTTPTransport(HTTPOptions{H2C: h2})
+			base := client.NewHTTPTransport(client.HTTPOptions{H2C: h2})
 			t.Cleanup(base.CloseIdleConnections)
 			tr.Base = base
 			tr.Witness = witness.TCPInfo{}

@@ -10,14 +10,14 @@ import (
 	"github.com/egret-proxy/egret/engine"
 )
 
-// foreignBase hides HTTPTransport: the Transport cannot hand it the
+// foreignBase hides client.HTTPTransport: the Transport cannot hand it the
 // attempt and must follow it through net/http/httptrace instead.
 type foreignBase struct{ rt http.RoundTripper }
 
 func (f foreignBase) RoundTrip(r *http.Request) (*http.Response, error) { return f.rt.RoundTrip(r) }
 
 // TestBothTracingRoutesClassifyAlike: an attempt's stage and evidence are
-// the same whether the base reports to the attempt directly (HTTPTransport)
+// the same whether the base reports to the attempt directly (client.HTTPTransport)
 // or only through httptrace (any other base): a refused connect is
 // connect_refused not_sent; a reset after the server read the request is
 // connection_reset sent_no_response (ambiguous for a POST); a response
@@ -65,7 +65,7 @@ func TestBothTracingRoutesClassifyAlike(t *testing.T) {
 			t.Fatalf("direct %v: upstream executed the GET %d times", direct, executed.Load())
 		}
 		if got := tr.ht != nil; got != direct {
-			t.Fatalf("attempts handed to HTTPTransport %v, want %v", got, direct)
+			t.Fatalf("attempts handed to client.HTTPTransport %v, want %v", got, direct)
 		}
 	}
 }

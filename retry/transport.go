@@ -10,13 +10,13 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/attempt"
+	"github.com/egret-proxy/egret/retry/client"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -53,7 +53,7 @@ type Exchange struct {
 	// its budget (empty: the URL's host:port).
 	Policy Policy
 	// Base is the transport the attempts run on (nil: the Runner's).
-	Base *HTTPTransport
+	Base *client.HTTPTransport
 	// FieldOrder is the request's header field names as the client sent
 	// them, one per field line, in the order sent: HTTP/1.1 writes the
 	// fields in that order and with those names, then the fields it does
@@ -141,7 +141,7 @@ type Runner struct {
 	Budgets *engine.Budgets
 	// Witness, when set, may upgrade sent_no_response to not_sent with
 	// proof from the kernel that no byte of the attempt left the host
-	// (connections of HTTPTransport only: they freeze at a failure so
+	// (connections of client.HTTPTransport only: they freeze at a failure so
 	// that the proof holds). With it, a non-idempotent request is never
 	// written on a pooled HTTP/1.1 connection the upstream already closed:
 	// the attempt fails before its first byte, provably not_sent.
@@ -163,7 +163,7 @@ type Runner struct {
 
 	once    sync.Once
 	budgets *engine.Budgets
-	base    *HTTPTransport // for exchanges without a Base
+	base    *client.HTTPTransport // for exchanges without a Base
 	baseMu  sync.Mutex
 }
 
@@ -178,11 +178,11 @@ func (rn *Runner) init() {
 
 // defaultBase is the transport of exchanges without a Base, made on first
 // use.
-func (rn *Runner) defaultBase() *HTTPTransport {
+func (rn *Runner) defaultBase() *client.HTTPTransport {
 	rn.baseMu.Lock()
 	defer rn.baseMu.Unlock()
 	if rn.base == nil {
-		rn.base = NewHTTPTransport(HTTPOptions{})
+		rn.base = client.NewHTTPTransport(client.HTTPOptions{})
 	}
 	return rn.base
 }
@@ -244,7 +244,7 @@ func (rn *Runner) sleep(ctx context.Context, d time.Duration) error {
 // again and again while it finds pooled connections, outside the budget
 // and max_attempts, and whatever the policy says of idempotency; and
 // net/http's HTTP/2 pool replays refused streams and GOAWAYs by itself.
-// The default Base, HTTPTransport, speaks HTTP/1.1 itself and runs HTTP/2
+// The default Base, client.HTTPTransport, speaks HTTP/1.1 itself and runs HTTP/2
 // on its own pool that calls ClientConn.RoundTrip directly, so neither
 // happens there. For any other Base (a net/http Transport, say),
 // Transport sends every attempt with GetBody unset (net/http cannot
@@ -256,7 +256,7 @@ func (rn *Runner) sleep(ctx context.Context, d time.Duration) error {
 // Attempt.HiddenRetries once something was written, and an attempt that
 // moved never claims not_sent.
 //
-// Evidence: an HTTPTransport Base is handed each attempt (its bounds and
+// Evidence: a client.HTTPTransport Base is handed each attempt (its bounds and
 // its trace) with the request; any other Base is followed through
 // net/http/httptrace hooks in the request's context.
 //
@@ -277,7 +277,7 @@ func (rn *Runner) sleep(ctx context.Context, d time.Duration) error {
 //
 // The zero value is usable. Fields must not change once requests run.
 type Transport struct {
-	// Base runs one attempt. nil: NewHTTPTransport(HTTPOptions{}).
+	// Base runs one attempt. nil: client.NewHTTPTransport(client.HTTPOptions{}).
 	Base http.RoundTripper
 	// Policy gives the request's policy. nil: DefaultPolicy(host:port).
 	Policy func(*http.Request) Policy
@@ -303,8 +303,8 @@ type Transport struct {
 
 	once sync.Once
 	rn   Runner
-	ht   *HTTPTransport    // Base, when it is one (attempts handed to it)
-	base http.RoundTripper // any other Base (attempts followed by httptrace)
+	ht   *client.HTTPTransport // Base, when it is one (attempts handed to it)
+	base http.RoundTripper     // any other Base (attempts followed by httptrace)
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -316,8 +316,8 @@ func (t *Transport) init() {
 		t.rn.init()
 		switch b := t.Base.(type) {
 		case nil:
-			t.ht = NewHTTPTransport(HTTPOptions{})
-		case *HTTPTransport:
+			t.ht = client.NewHTTPTransport(client.HTTPOptions{})
+		case *client.HTTPTransport:
 			t.ht = b
 		default:
 			t.base = b
@@ -378,7 +378,7 @@ func (b *funcBulkhead) Leave() {
 // host:port, at least one attempt, the default backoff and budget.
 func (p *Policy) fill(req *http.Request) {
 	if p.Upstream == "" && req.URL != nil {
-		p.Upstream = canonicalAddr(req.URL)
+		p.Upstream = client.CanonicalAddr(req.URL)
 	}
 	if p.MaxAttempts < 1 {
 		p.MaxAttempts = 1
@@ -424,7 +424,7 @@ type run struct {
 	pol       Policy
 	// ht runs the attempts, handed each one explicitly; base (when ht is
 	// nil) is another transport, followed through httptrace.
-	ht       *HTTPTransport
+	ht       *client.HTTPTransport
 	base     http.RoundTripper
 	order    []string // header field order (Exchange.FieldOrder)
 	bulkhead Bulkhead
@@ -627,21 +627,6 @@ func (r *run) over() error {
 	return nil
 }
 
-// newEmptyBody returns a body with no bytes that net/http cannot rewind: it
-// keeps net/http from replaying a body-less request by itself. It is an
-// in-memory reader net/http knows, so the headers are not flushed on their
-// own.
-func newEmptyBody() io.ReadCloser { return io.NopCloser(strings.NewReader("")) }
-
-// identity is the Transfer-Encoding that goes with newEmptyBody: no
-// chunked framing and no probe of the body; nothing of it reaches the wire.
-var identity = []string{"identity"}
-
-// isEmptyBodyMarked reports a request that carries newEmptyBody.
-func isEmptyBodyMarked(req *http.Request) bool {
-	return req.ContentLength == 0 && len(req.TransferEncoding) == 1 && req.TransferEncoding[0] == "identity"
-}
-
 // netHTTPReplays reports whether net/http would replay this body-less
 // request on its own after a dead pooled connection.
 func netHTTPReplays(req *http.Request) bool {
@@ -653,7 +638,7 @@ func netHTTPReplays(req *http.Request) bool {
 }
 
 // attempt runs one attempt into ar and classifies how it ended in rec.
-// HTTPTransport is handed the attempt itself (its bounds, its evidence)
+// client.HTTPTransport is handed the attempt itself (its bounds, its evidence)
 // and the field order; any other base is followed through httptrace.
 func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 	rn := r.rn
@@ -717,13 +702,13 @@ func (r *run) attempt(ar *attemptResult, rec *Attempt, body io.ReadCloser) {
 			// and max_attempts: an empty body it cannot rewind stops
 			// that; "identity" keeps the wire as it was (no chunked
 			// framing, no probe of the body).
-			areq.Body, areq.TransferEncoding = newEmptyBody(), identity
+			client.MarkEmptyBody(areq)
 		}
 	}
 	var resp *http.Response
 	var err error
 	if r.ht != nil {
-		resp, err = r.ht.send(areq, &ar.ctx, r.order)
+		resp, err = r.ht.Send(areq, &ar.ctx, r.order)
 	} else {
 		resp, err = r.base.RoundTrip(areq)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/client"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -44,7 +45,7 @@ func TestWitnessDiscardsQueuedRequestBytes(t *testing.T) {
 		_, err = io.Copy(io.Discard, c)
 		readErr <- err
 	}()
-	base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	base := client.NewHTTPTransport(client.HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 		if err == nil {
 			c.(*net.TCPConn).SetWriteBuffer(4 << 20)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/testkit/promtest"
+	"github.com/egret-proxy/egret/retry/client"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -56,7 +57,7 @@ func resetBeforeWrite(t *testing.T, w witness.Witness) (*Transport, *rawServer, 
 	dialed, resetDone := make(chan struct{}), make(chan struct{})
 	srv := resetFirstConn(t, executed, dialed, resetDone)
 	var dials atomic.Int64
-	base := NewHTTPTransport(HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	base := client.NewHTTPTransport(client.HTTPOptions{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 		if err == nil && dials.Add(1) == 1 {
 			close(dialed)
@@ -252,7 +253,7 @@ func TestNoHiddenRetryOfNonIdempotentGET(t *testing.T) {
 // itself on the dead pooled connection; it is the engine's retry instead,
 // counted, under the budget and max_attempts.
 func TestIdempotentGETOnDeadConnIsAnAttempt(t *testing.T) {
-	t.Run("HTTPTransport", func(t *testing.T) { idempotentGETOnDeadConn(t, false) })
+	t.Run("client.HTTPTransport", func(t *testing.T) { idempotentGETOnDeadConn(t, false) })
 	t.Run("net/http Transport", func(t *testing.T) { idempotentGETOnDeadConn(t, true) })
 }
 
@@ -426,7 +427,7 @@ func TestWitnessTLSResetAfterHandshake(t *testing.T) {
 		}
 	})
 	dialed := make(chan net.Conn, 4)
-	base := NewHTTPTransport(HTTPOptions{TLS: &tls.Config{RootCAs: roots, ServerName: "example.com"},
+	base := client.NewHTTPTransport(client.HTTPOptions{TLS: &tls.Config{RootCAs: roots, ServerName: "example.com"},
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 			if err == nil {

@@ -1,4 +1,4 @@
-package retry
+package client
 
 import (
 	"errors"
@@ -75,10 +75,10 @@ func h2ConnFaultOf(err error) h2ConnFault {
 	return h2NoConnFault
 }
 
-// h2Refused reports whether err proves the server never processed the
+// StreamRefused reports whether err proves the server never processed the
 // stream: REFUSED_STREAM, a GOAWAY below it, or a connection that opened
 // no stream for it.
-func h2Refused(err error) bool {
+func StreamRefused(err error) bool {
 	var se h2StreamError
 	if errors.As(err, &se) && se.Code == h2CodeRefusedStream {
 		return true
@@ -87,11 +87,11 @@ func h2Refused(err error) bool {
 	return f == h2Unusable || f == h2GoAwayRefused
 }
 
-// peerReset reports whether err is an HTTP/2 stream reset or GOAWAY the
+// PeerReset reports whether err is an HTTP/2 stream reset or GOAWAY the
 // server sent. Our own cancellation never produces one: net/http ends a
 // cancelled stream with the context's error (and a CANCEL reset it sends
 // is excluded).
-func peerReset(err error) bool {
+func PeerReset(err error) bool {
 	var se h2StreamError
 	return errors.As(err, &se) && se.Code != h2CodeCancel || h2ConnFaultOf(err) == h2GoAwayClosed
 }

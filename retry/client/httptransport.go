@@ -1,4 +1,4 @@
-package retry
+package client
 
 import (
 	"context"
@@ -54,7 +54,17 @@ type HTTPOptions struct {
 	DisableCompression bool
 	// MaxResponseHeaderBytes limits a response's head (0: 1 MiB).
 	MaxResponseHeaderBytes int64
+	// Clock tells the time by which the HTTP/1.1 pool measures how long a
+	// connection has been idle (nil: time.Now); an injected clock lets a
+	// test move idle time without sleeping.
+	Clock func() time.Time
 }
+
+// ErrRequestInvalid: the request cannot be sent as it is (a method,
+// header field or host the wire cannot carry, a body that disagrees with
+// its Content-Length). It has no prefix of its own; package retry reports
+// it as its own ErrRequestInvalid, the same value.
+var ErrRequestInvalid = errors.New("invalid request")
 
 // DialError is an error from opening the upstream connection, before any
 // byte of a request could be written on it. Op is "dial" (name resolution
@@ -116,6 +126,7 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 		t.dial = d.DialContext // net.Dialer reports DNS and connect to httptrace itself
 	}
 	t.h1 = newH1Pool(t)
+	t.h1.clock = opts.Clock
 	if opts.HTTP2 || opts.H2C {
 		t.h2 = newH2Pool(t)
 	}
@@ -125,20 +136,20 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 // RoundTrip runs one attempt, reporting to any httptrace.ClientTrace of
 // the request's context. It never retries.
 func (t *HTTPTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	return t.send(req, nil, nil)
+	return t.Send(req, nil, nil)
 }
 
-// send runs one attempt of req. a, when the retry runner hands it, is
+// Send runs one attempt of req. a, when the retry runner hands it, is
 // the attempt itself: the context that bounds it (req's) and the trace
 // its evidence goes to, reported directly rather than through httptrace.
 // order is the header field order (Exchange.FieldOrder; nil: by name),
 // which HTTP/2 ignores. It never retries.
-func (t *HTTPTransport) send(req *http.Request, a *attempt.Ctx, order []string) (*http.Response, error) {
+func (t *HTTPTransport) Send(req *http.Request, a *attempt.Ctx, order []string) (*http.Response, error) {
 	if req.URL == nil {
 		return nil, errors.New("request without URL")
 	}
 	if t.h2 != nil {
-		addr := canonicalAddr(req.URL)
+		addr := CanonicalAddr(req.URL)
 		switch req.URL.Scheme {
 		case "http":
 			if t.opts.H2C {
@@ -265,8 +276,8 @@ func (t *HTTPTransport) dialTLS(ctx context.Context, network, addr string, proto
 	return tc, nil
 }
 
-// canonicalAddr is the URL's host:port with the scheme's default port.
-func canonicalAddr(u *url.URL) string {
+// CanonicalAddr is the URL's host:port with the scheme's default port.
+func CanonicalAddr(u *url.URL) string {
 	port := u.Port()
 	if port != "" && u.Hostname() != "" && !strings.Contains(u.Hostname(), "%") {
 		return u.Host // already host:port (an IPv6 literal in brackets)

@@ -1,4 +1,4 @@
-package retry
+package client
 
 import (
 	"context"
@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egret-proxy/egret/retry/attempt"
 	"golang.org/x/net/http2"
+
+	"github.com/egret-proxy/egret/retry/attempt"
 )
 
 // h2BaseError sends one POST straight on HTTPTransport (h2c, no retry
@@ -45,7 +46,7 @@ func TestH2ErrorsOfNetHTTP(t *testing.T) {
 		code      h2ErrCode // 0: not a stream error
 		fault     h2ConnFault
 		refused   bool
-		peerReset bool
+		PeerReset bool
 	}{
 		{"REFUSED_STREAM", h2Refuse, h2CodeRefusedStream, h2NoConnFault, true, true},
 		{"RST_STREAM after the request", h2ResetAfterRead, h2CodeInternal, h2NoConnFault, false, true},
@@ -66,14 +67,14 @@ func TestH2ErrorsOfNetHTTP(t *testing.T) {
 			if f := h2ConnFaultOf(err); f != c.fault {
 				t.Fatalf("err %q: connection fault %d, want %d", err, f, c.fault)
 			}
-			if h2Refused(err) != c.refused || peerReset(err) != c.peerReset {
-				t.Fatalf("err %q: refused %v peerReset %v, want %v %v", err, h2Refused(err), peerReset(err), c.refused, c.peerReset)
+			if StreamRefused(err) != c.refused || PeerReset(err) != c.PeerReset {
+				t.Fatalf("err %q: refused %v PeerReset %v, want %v %v", err, StreamRefused(err), PeerReset(err), c.refused, c.PeerReset)
 			}
 		})
 	}
 	t.Run("other errors", func(t *testing.T) {
 		for _, err := range []error{errors.New("http2: something else"), context.Canceled, net.ErrClosed} {
-			if h2ConnFaultOf(err) != h2NoConnFault || h2Refused(err) || peerReset(err) {
+			if h2ConnFaultOf(err) != h2NoConnFault || StreamRefused(err) || PeerReset(err) {
 				t.Fatalf("%v read as an HTTP/2 fault", err)
 			}
 		}
@@ -135,8 +136,8 @@ func TestH2UnusableConnOfNetHTTP(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("status %d on a connection after its GOAWAY", resp.StatusCode)
 	}
-	if h2ConnFaultOf(err) != h2Unusable || !h2Refused(err) || peerReset(err) {
-		t.Fatalf("err %q: fault %d refused %v peerReset %v, want unusable, refused, no peer reset", err, h2ConnFaultOf(err), h2Refused(err), peerReset(err))
+	if h2ConnFaultOf(err) != h2Unusable || !StreamRefused(err) || PeerReset(err) {
+		t.Fatalf("err %q: fault %d refused %v PeerReset %v, want unusable, refused, no peer reset", err, h2ConnFaultOf(err), StreamRefused(err), PeerReset(err))
 	}
 	if srv.conns.Load() != 1 {
 		t.Fatalf("conns %d", srv.conns.Load())

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package retry
+package client
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package retry
+package client
 
 import (
 	"bufio"
@@ -86,7 +86,7 @@ type h1Pool struct {
 	// bounds: per upstream, how long a connection may have been idle and
 	// still carry a request that is not safely idempotent.
 	bounds idleBounds
-	// clock, when set (tests), replaces time.Now for idle times.
+	// clock, when set (HTTPOptions.Clock), replaces time.Now for idle times.
 	clock func() time.Time
 }
 
@@ -447,7 +447,7 @@ func (p *h1Pool) roundTrip(req *http.Request, a *attempt.Ctx, order []string) (*
 	if err := validHeader(req, order); err != nil {
 		return nil, err
 	}
-	addr := canonicalAddr(req.URL)
+	addr := CanonicalAddr(req.URL)
 	key := poolKey{req.URL.Scheme, addr}
 	ctx := req.Context()
 	h := hooks{a: a, ct: httptrace.ContextClientTrace(ctx)}
@@ -711,7 +711,7 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request, h hooks, order
 // outgoingBody tells how req's body goes on the wire: nil for none, else
 // with its length, or chunked when the length is unknown.
 func outgoingBody(req *http.Request) (body io.Reader, cl int64, chunked bool, err error) {
-	if req.Body == nil || req.Body == http.NoBody || isEmptyBodyMarked(req) {
+	if req.Body == nil || req.Body == http.NoBody || emptyBodyMarked(req) {
 		return nil, 0, false, nil
 	}
 	switch {

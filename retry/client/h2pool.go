@@ -1,4 +1,4 @@
-package retry
+package client
 
 import (
 	"context"
@@ -86,10 +86,10 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attem
 	if a != nil {
 		ctx, w = httptrace.WithClientTrace(ctx, a.Trace().ClientTrace()), a.Trace().Witness
 	}
-	if a != nil || isEmptyBodyMarked(req) {
+	if a != nil || emptyBodyMarked(req) {
 		h2req = req.WithContext(ctx)
 	}
-	if isEmptyBodyMarked(req) {
+	if emptyBodyMarked(req) {
 		// Only net/http's HTTP/1 needs it; HTTP/2 would send an empty DATA.
 		h2req.Body, h2req.TransferEncoding = nil, nil
 	}
@@ -126,7 +126,7 @@ func (p *h2Pool) roundTrip(req *http.Request, addr string, useTLS bool, a *attem
 		if err != nil && h2ConnFaultOf(err) == h2Unusable && try < 3 {
 			continue
 		}
-		if err != nil && reused && idle > 0 && !h2Refused(err) && (peerClosed(err) || errors.Is(err, attempt.ErrFrozen)) {
+		if err != nil && reused && idle > 0 && !StreamRefused(err) && (peerClosed(err) || errors.Is(err, attempt.ErrFrozen)) {
 			// The upstream dropped the idle connection as the stream came.
 			p.t.h1.bounds.closed(key, idle, p.t.h1.now())
 		}

@@ -1,0 +1,90 @@
+package kubenode_test
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/egret-proxy/egret/test/kubenode"
+)
+
+// TestDirectFlowsOnNode: what egret leaves direct it still counts, on the
+// real node. An opted-in pod connects to a closed port among egret's
+// default direct ports (PostgreSQL's 5432: the connect never reaches
+// egret); the kernel's answer, a refusal, is counted for that pod and
+// path as a failure a retry could have fixed safely, in the agent's
+// /metrics as DaemonSet-installed Prometheus would scrape it.
+func TestDirectFlowsOnNode(t *testing.T) {
+	n := kubenode.Start(t)
+	c := &cluster{n: n, ns: "egret-flows"}
+	n.Kubectl(t, "create", "namespace", c.ns)
+	waitFor(t, 30*time.Second, "the test namespace's default ServiceAccount", func() bool {
+		_, err := n.Client.CoreV1().ServiceAccounts(c.ns).Get(c.ctx(), "default", metav1.GetOptions{})
+		return err == nil
+	})
+	c.installEgret(t)
+	c.newPod(t, "client", []string{"pause"}, optIn)
+	t.Cleanup(func() { c.deletePod(t, "client") })
+	c.n.WaitPod(t, c.ns, "client", 2*time.Minute, "Ready", kubenode.PodReady)
+	c.waitBehindEgret(t, true, 30*time.Second, c.ns+"/client")
+
+	// The port is closed on the node's address: the node answers the SYN
+	// with a reset.
+	closed := kubenode.IP + ":5432"
+	n.Listen(t, closed).Close() // free, then closed
+	const tries = 3
+	before := c.directFlows(t, "refused")
+	for range tries {
+		out, err := c.n.KubectlErr("exec", "-n", c.ns, "client", "-c", "c", "--", "/testbin", "get", "http://"+closed+"/")
+		if err == nil || !strings.Contains(out, "connection refused") {
+			t.Fatalf("GET %s from the pod: %v: %s; want the kernel's refusal (the port goes direct)", closed, err, out)
+		}
+	}
+	after := c.directFlows(t, "refused")
+	if got := after - before; got != tries {
+		t.Errorf("egret_agent_direct_flows_total{pod=client,path=direct_port,outcome=refused,evidence=not_sent} grew by %v, want %d", got, tries)
+	}
+	t.Logf("%d refused connects of the pod to %s (a default direct port): the agent's metric grew %v -> %v", tries, closed, before, after)
+}
+
+// directFlows is the agent's count of the client pod's direct_port
+// connects that ended in outcome with the evidence not_sent (0 before the
+// first).
+func (c *cluster) directFlows(t testing.TB, outcome string) float64 {
+	t.Helper()
+	ap := c.agentPod(t)
+	resp, err := c.n.HTTPClient(5 * time.Second).Get("http://" + ap.Status.PodIP + ":9090/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/metrics: %v %s", err, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	want := map[string]string{"namespace": c.ns, "pod": "client", "path": "direct_port", "outcome": outcome, "evidence": "not_sent"}
+	sum := 0.0
+	for _, m := range fams["egret_agent_direct_flows_total"].GetMetric() {
+		match := 0
+		for _, lp := range m.GetLabel() {
+			if v, ok := want[lp.GetName()]; ok && v == lp.GetValue() {
+				match++
+			}
+		}
+		if match == len(want) {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
