@@ -3,8 +3,9 @@
 // without a registry, a daemon or a base image. `ctr images import` takes
 // the archive (deploy/image/imagebuild tests it with an index); `podman
 // load` and (Docker 25 or later) `docker load` are said to take it, and
-// `skopeo copy oci-archive:…`, `crane push` and `oras cp
-// --from-oci-layout` to push it to a registry (none of these tested).
+// `skopeo copy oci-archive:…` and `oras cp --from-oci-layout` to push it
+// to a registry (untested); `crane push` of the layout untarred is tested
+// (deploy/image/imagebuild's TestImageIndexPush).
 // Write makes a one-platform image (the images of test/kubenode);
 // WriteIndex an image index of several platforms under one name (egret's
 // image, deploy/image).
