@@ -14,6 +14,7 @@ import (
 
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/retry/attempt"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -44,7 +45,7 @@ func TestPeerClosed(t *testing.T) {
 	}
 	peer.Write([]byte("HTTP/1.1 408 Request Timeout\r\n\r\n"))
 	pc.tls = true // bytes on a TLS connection may be a session ticket; on plain HTTP/1.1 they are an unsolicited answer
-	waitPoll(t, c, unix.POLLIN, "the peer's bytes")
+	rawtest.WaitPoll(t, c, unix.POLLIN, "the peer's bytes")
 	if _, pending := peerState(wc.Raw()); !pending {
 		t.Fatal("pending bytes not seen")
 	}
@@ -58,7 +59,7 @@ func TestPeerClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	peer.Close()
-	waitPeerFIN(t, c)
+	rawtest.WaitPeerFIN(t, c)
 	if fin, _ := peerState(wc.Raw()); !fin {
 		t.Fatal("the peer's close not seen")
 	}
@@ -177,7 +178,7 @@ func TestIdleCheckBySnapshot(t *testing.T) {
 	// A reset.
 	wc2, peer2 := pairConn(t, w)
 	pc2 := &h1Conn{wc: wc2}
-	reset(peer2)
+	rawtest.Reset(peer2)
 	waitCheck(t, pc2, true, "peer reset")
 
 	// Without a witness it peeks.
