@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -178,14 +177,6 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 	}
 }
 
-// countingWitness is witness.TCPInfo that counts its snapshots.
-type countingWitness struct{ n atomic.Int64 }
-
-func (w *countingWitness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
-	w.n.Add(1)
-	return witness.TCPInfo{}.Snapshot(c)
-}
-
 // A keep-alive request through the pool with a witness costs one snapshot
 // for its "before" (the pool's check), not a peek and a snapshot; the
 // first request on a new connection uses the birth snapshot.
@@ -199,18 +190,18 @@ func TestReusedConnectionOneSnapshot(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	w := &countingWitness{}
+	w := &rawtest.CountingWitness{}
 	tr, _, _ := testTransport(t, nil)
 	tr.Witness = w
 	for i := range 5 {
-		before := w.n.Load()
+		before := w.Snapshots()
 		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if got := w.n.Load() - before; got != 1 {
+		if got := w.Snapshots() - before; got != 1 {
 			t.Fatalf("request %d: %d snapshots, want 1", i, got)
 		}
 	}

@@ -5,7 +5,6 @@ package client
 import (
 	"io"
 	"net"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -93,14 +92,6 @@ func TestPeekAllocatesNothing(t *testing.T) {
 	}
 }
 
-// countingWitness is witness.TCPInfo that counts its snapshots.
-type countingWitness struct{ n atomic.Int64 }
-
-func (w *countingWitness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
-	w.n.Add(1)
-	return witness.TCPInfo{}.Snapshot(c)
-}
-
 // pairConn returns a client connection wrapped for the witness and armed
 // with w, and its server side.
 func pairConn(t *testing.T, w witness.Witness) (*attempt.Conn, net.Conn) {
@@ -145,7 +136,7 @@ func waitCheck(t *testing.T, pc *h1Conn, want bool, what string) {
 // snapshot (state and bytes received against bytes read), not a peek; it
 // sees what the peek sees.
 func TestIdleCheckBySnapshot(t *testing.T) {
-	w := &countingWitness{}
+	w := &rawtest.CountingWitness{}
 	wc, peer := pairConn(t, w)
 	pc := &h1Conn{wc: wc}
 	if pc.stale() {
@@ -192,7 +183,7 @@ func TestIdleCheckBySnapshot(t *testing.T) {
 // The idle check's snapshot serves as the next request's "before" once,
 // only for the witness that took it, and only while nothing was written.
 func TestFreshSnapshotTakenOnce(t *testing.T) {
-	w := &countingWitness{}
+	w := &rawtest.CountingWitness{}
 	wc, peer := pairConn(t, w)
 	if stale, decided := wc.CheckIdle(false); stale || !decided {
 		t.Fatalf("stale %v decided %v", stale, decided)
