@@ -1,7 +1,6 @@
 package bpfload_test
 
 import (
-	"encoding/binary"
 	"errors"
 	"net/netip"
 	"os"
@@ -25,48 +24,22 @@ var (
 // lbService -> lbBackend; its objects are closed in t.Cleanup.
 func socketLB(t *testing.T) *socklb.SocklbObjects {
 	t.Helper()
-	var objs socklb.SocklbObjects
-	if err := socklb.LoadSocklbObjects(&objs, nil); err != nil {
+	objs, err := socklb.Load(lbService, lbBackend)
+	if err != nil {
 		t.Fatalf("load the socket LB stand-in: %v", err)
 	}
 	t.Cleanup(func() { objs.Close() })
-	be := func(a netip.Addr) uint32 { b := a.As4(); return binary.NativeEndian.Uint32(b[:]) }
-	port := func(p uint16) uint16 {
-		var b [2]byte
-		binary.BigEndian.PutUint16(b[:], p)
-		return binary.NativeEndian.Uint16(b[:])
-	}
-	cfg := socklb.SocklbLbConfig{
-		ServiceIp: be(lbService.Addr()), ServicePort: port(lbService.Port()),
-		BackendIp: be(lbBackend.Addr()), BackendPort: port(lbBackend.Port()),
-	}
-	if err := objs.SocklbConfig.Put(uint32(0), cfg); err != nil {
-		t.Fatal(err)
-	}
-	return &objs
+	return objs
 }
 
 // lbSaw is what the socket LB saw: connects by cgroup id and destination.
 func lbSaw(t *testing.T, objs *socklb.SocklbObjects) map[uint64]map[netip.AddrPort]uint64 {
 	t.Helper()
-	out := map[uint64]map[netip.AddrPort]uint64{}
-	var k socklb.SocklbSeenKey
-	var n uint64
-	it := objs.SocklbSeen.Iterate()
-	for it.Next(&k, &n) {
-		var ip [4]byte
-		binary.NativeEndian.PutUint32(ip[:], k.Ip)
-		var p [2]byte
-		binary.NativeEndian.PutUint16(p[:], k.Port)
-		if out[k.CgroupId] == nil {
-			out[k.CgroupId] = map[netip.AddrPort]uint64{}
-		}
-		out[k.CgroupId][netip.AddrPortFrom(netip.AddrFrom4(ip), binary.BigEndian.Uint16(p[:]))] = n
-	}
-	if err := it.Err(); err != nil {
+	saw, err := socklb.Saw(objs)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return out
+	return saw
 }
 
 // TestSocketLBAtAncestor: a CNI's socket load balancer (Cilium's) attaches
@@ -166,17 +139,8 @@ func TestSocketLBAtAncestor(t *testing.T) {
 
 func clearSeen(t *testing.T, lb *socklb.SocklbObjects) {
 	t.Helper()
-	var k socklb.SocklbSeenKey
-	var keys []socklb.SocklbSeenKey
-	var n uint64
-	it := lb.SocklbSeen.Iterate()
-	for it.Next(&k, &n) {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		if err := lb.SocklbSeen.Delete(&k); err != nil {
-			t.Fatal(err)
-		}
+	if err := socklb.ClearSaw(lb); err != nil {
+		t.Fatal(err)
 	}
 }
 

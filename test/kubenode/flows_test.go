@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/egret-proxy/egret/test/kubenode"
 )
@@ -21,13 +20,8 @@ import (
 // path as a failure a retry could have fixed safely, in the agent's
 // /metrics as DaemonSet-installed Prometheus would scrape it.
 func TestDirectFlowsOnNode(t *testing.T) {
-	n := kubenode.Start(t)
-	c := &cluster{n: n, ns: "egret-flows"}
-	n.Kubectl(t, "create", "namespace", c.ns)
-	waitFor(t, 30*time.Second, "the test namespace's default ServiceAccount", func() bool {
-		_, err := n.Client.CoreV1().ServiceAccounts(c.ns).Get(c.ctx(), "default", metav1.GetOptions{})
-		return err == nil
-	})
+	c := startCluster(t, "egret-flows", false)
+	n := c.n
 	c.installEgret(t)
 	c.newPod(t, "client", []string{"pause"}, optIn)
 	t.Cleanup(func() { c.deletePod(t, "client") })

@@ -45,6 +45,29 @@ type cluster struct {
 	ns     string // the tests' namespace
 }
 
+// startCluster starts a node with a namespace ns whose default
+// ServiceAccount exists, and, withLedger, the ledger serving on the node's
+// address (c.ledURL).
+func startCluster(t *testing.T, ns string, withLedger bool) *cluster {
+	t.Helper()
+	n := kubenode.Start(t)
+	c := &cluster{n: n, ns: ns}
+	if withLedger {
+		c.led = ledger.New()
+		if _, err := c.led.Serve(n.Listen(t, kubenode.IP+":"+ledgerPort)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.led.Close() })
+		c.ledURL = "http://" + kubenode.IP + ":" + ledgerPort
+	}
+	n.Kubectl(t, "create", "namespace", c.ns)
+	waitFor(t, 30*time.Second, "the test namespace's default ServiceAccount", func() bool {
+		_, err := n.Client.CoreV1().ServiceAccounts(c.ns).Get(c.ctx(), "default", metav1.GetOptions{})
+		return err == nil
+	})
+	return c
+}
+
 func (c *cluster) ctx() context.Context { return context.Background() }
 
 // agentPod returns the running agent pod (not being deleted).

@@ -9,12 +9,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/egret-proxy/egret/agent/pods/kube"
 	"github.com/egret-proxy/egret/test/kubenode"
-	"github.com/egret-proxy/egret/test/ledger"
 )
 
 // meshUID is the stand-in sidecar's uid, the one its pod's redirect
@@ -28,19 +26,7 @@ const meshUID = 1337
 // request reaches the sidecar once and is retried by it alone, none lost.
 // A pod without the sidecar, opted in on the same node, is behind egret.
 func TestMeshSidecar(t *testing.T) {
-	n := kubenode.Start(t)
-	c := &cluster{n: n, ns: "egret-mesh"}
-	c.led = ledger.New()
-	if _, err := c.led.Serve(n.Listen(t, kubenode.IP+":"+ledgerPort)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.led.Close() })
-	c.ledURL = "http://" + kubenode.IP + ":" + ledgerPort
-	n.Kubectl(t, "create", "namespace", c.ns)
-	waitFor(t, 30*time.Second, "the test namespace's default ServiceAccount", func() bool {
-		_, err := n.Client.CoreV1().ServiceAccounts(c.ns).Get(c.ctx(), "default", metav1.GetOptions{})
-		return err == nil
-	})
+	c := startCluster(t, "egret-mesh", true)
 	c.installEgret(t)
 
 	// The contrast: the same node, a pod opted in without a mesh.

@@ -23,7 +23,6 @@ import (
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest"
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/test/kubenode"
-	"github.com/egret-proxy/egret/test/ledger"
 )
 
 // TestRealNode installs egret from deploy/kubernetes, unmodified, on a
@@ -31,19 +30,8 @@ import (
 // a node does to a DaemonSet: pods opted in and out, restarts of every
 // kind, an uninstall. The subtests share the node and run in order.
 func TestRealNode(t *testing.T) {
-	n := kubenode.Start(t)
-	c := &cluster{n: n, ns: "egret-test"}
-	c.led = ledger.New()
-	if _, err := c.led.Serve(n.Listen(t, kubenode.IP+":"+ledgerPort)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.led.Close() })
-	c.ledURL = "http://" + kubenode.IP + ":" + ledgerPort
-	n.Kubectl(t, "create", "namespace", c.ns)
-	waitFor(t, 30*time.Second, "the test namespace's default ServiceAccount", func() bool {
-		_, err := n.Client.CoreV1().ServiceAccounts(c.ns).Get(c.ctx(), "default", metav1.GetOptions{})
-		return err == nil
-	})
+	c := startCluster(t, "egret-test", true)
+	n := c.n
 
 	start := time.Now()
 	n.ImportEgret(t, egretImage)

@@ -26,13 +26,7 @@ import (
 // opted-in clients beside clients that are not.
 func TestServices(t *testing.T) {
 	start := time.Now()
-	n := kubenode.Start(t)
-	c := &cluster{n: n, ns: "egret-svc"}
-	n.Kubectl(t, "create", "namespace", c.ns)
-	waitFor(t, 30*time.Second, "the test namespace's default ServiceAccount", func() bool {
-		_, err := n.Client.CoreV1().ServiceAccounts(c.ns).Get(c.ctx(), "default", metav1.GetOptions{})
-		return err == nil
-	})
+	c := startCluster(t, "egret-svc", false)
 	svc := c.newBackend(t, "backend", 3)
 	t.Logf("backend %s: 3 replicas Ready and in kube-proxy's rules after %v", svc.url, time.Since(start).Round(time.Millisecond))
 

@@ -1,7 +1,6 @@
 package kubenode_test
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -14,12 +13,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
 	"github.com/egret-proxy/egret/agent/bpfload/bpftest/socklb"
 	"github.com/egret-proxy/egret/test/kubenode"
-	"github.com/egret-proxy/egret/test/ledger"
 )
 
 // lbServiceOnNode is the address the stand-in socket LB translates: a
@@ -40,19 +37,7 @@ var lbServiceOnNode = netip.MustParseAddrPort("10.96.200.200:80")
 // kernel gives (and BPF_F_PREORDER's) is agent/bpfload's
 // TestSocketLBAtAncestor.
 func TestSocketLBOnNode(t *testing.T) {
-	n := kubenode.Start(t)
-	c := &cluster{n: n, ns: "egret-socklb"}
-	c.led = ledger.New()
-	if _, err := c.led.Serve(n.Listen(t, kubenode.IP+":"+ledgerPort)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.led.Close() })
-	c.ledURL = "http://" + kubenode.IP + ":" + ledgerPort
-	n.Kubectl(t, "create", "namespace", c.ns)
-	waitFor(t, 30*time.Second, "the test namespace's default ServiceAccount", func() bool {
-		_, err := n.Client.CoreV1().ServiceAccounts(c.ns).Get(c.ctx(), "default", metav1.GetOptions{})
-		return err == nil
-	})
+	c := startCluster(t, "egret-socklb", true)
 	c.installEgret(t)
 	c.newPod(t, "client", []string{"pause"}, optIn)
 	t.Cleanup(func() { c.deletePod(t, "client") })
@@ -78,18 +63,12 @@ func TestSocketLBOnNode(t *testing.T) {
 		t.Fatalf("the agent's cgroup %s is not under the pods' %s", agentCg, root)
 	}
 
-	var lb socklb.SocklbObjects
-	if err := socklb.LoadSocklbObjects(&lb, nil); err != nil {
+	backend := netip.MustParseAddrPort(kubenode.IP + ":" + ledgerPort)
+	lb, err := socklb.Load(lbServiceOnNode, backend)
+	if err != nil {
 		t.Fatalf("load the socket LB stand-in: %v", err)
 	}
 	t.Cleanup(func() { lb.Close() })
-	backend := netip.MustParseAddrPort(kubenode.IP + ":" + ledgerPort)
-	if err := lb.SocklbConfig.Put(uint32(0), socklb.SocklbLbConfig{
-		ServiceIp: ip4(lbServiceOnNode.Addr()), ServicePort: port16(lbServiceOnNode.Port()),
-		BackendIp: ip4(backend.Addr()), BackendPort: port16(backend.Port()),
-	}); err != nil {
-		t.Fatal(err)
-	}
 	lk, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: ebpf.AttachCGroupInet4Connect, Program: lb.SocklbConnect4})
 	if err != nil {
 		t.Fatalf("attach the socket LB at %s: %v", root, err)
@@ -108,7 +87,7 @@ func TestSocketLBOnNode(t *testing.T) {
 		t.Errorf("the ledger executed %s %d times, want 2", id, got)
 	}
 
-	saw := socketLBSaw(t, &lb)
+	saw := socketLBSaw(t, lb)
 	listen := map[netip.AddrPort]bool{}
 	for _, l := range st.Listen {
 		if ap, err := netip.ParseAddrPort(l); err == nil {
@@ -146,7 +125,7 @@ func TestSocketLBOnNode(t *testing.T) {
 	if err := detach(); err != nil {
 		t.Fatal(err)
 	}
-	clearSocketLBSaw(t, &lb)
+	clearSocketLBSaw(t, lb)
 	top, err := os.Open(root)
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +149,7 @@ func TestSocketLBOnNode(t *testing.T) {
 		t.Fatalf("GET the Service address, LB in preorder: %s, Egret-Attempts %q (headers %v, body %q)",
 			r.status, r.headers["Egret-Attempts"], r.headers, r.body)
 	}
-	saw = socketLBSaw(t, &lb)
+	saw = socketLBSaw(t, lb)
 	fromPod = map[netip.AddrPort]uint64{}
 	for cg, dsts := range saw {
 		if podIDs[cg] {
@@ -192,17 +171,8 @@ func TestSocketLBOnNode(t *testing.T) {
 // clearSocketLBSaw empties what the stand-in saw.
 func clearSocketLBSaw(t testing.TB, lb *socklb.SocklbObjects) {
 	t.Helper()
-	var k socklb.SocklbSeenKey
-	var keys []socklb.SocklbSeenKey
-	var cnt uint64
-	it := lb.SocklbSeen.Iterate()
-	for it.Next(&k, &cnt) {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		if err := lb.SocklbSeen.Delete(&k); err != nil {
-			t.Fatal(err)
-		}
+	if err := socklb.ClearSaw(lb); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -262,32 +232,9 @@ func cgroupIDsUnder(t testing.TB, dir string) map[uint64]bool {
 // destination.
 func socketLBSaw(t testing.TB, lb *socklb.SocklbObjects) map[uint64]map[netip.AddrPort]uint64 {
 	t.Helper()
-	out := map[uint64]map[netip.AddrPort]uint64{}
-	var k socklb.SocklbSeenKey
-	var cnt uint64
-	it := lb.SocklbSeen.Iterate()
-	for it.Next(&k, &cnt) {
-		var ip [4]byte
-		binary.NativeEndian.PutUint32(ip[:], k.Ip)
-		var p [2]byte
-		binary.NativeEndian.PutUint16(p[:], k.Port)
-		if out[k.CgroupId] == nil {
-			out[k.CgroupId] = map[netip.AddrPort]uint64{}
-		}
-		out[k.CgroupId][netip.AddrPortFrom(netip.AddrFrom4(ip), binary.BigEndian.Uint16(p[:]))] = cnt
-	}
-	if err := it.Err(); err != nil {
+	saw, err := socklb.Saw(lb)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return out
-}
-
-// ip4 and port16 put an address and a port in network byte order as the
-// program reads them.
-func ip4(a netip.Addr) uint32 { b := a.As4(); return binary.NativeEndian.Uint32(b[:]) }
-
-func port16(p uint16) uint16 {
-	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], p)
-	return binary.NativeEndian.Uint16(b[:])
+	return saw
 }
