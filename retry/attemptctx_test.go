@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 // The attempt's bounds over real connections: the per-attempt timeout
@@ -18,10 +20,10 @@ import (
 
 // slowBodyServer answers with a head at once and its body in pieces, gap
 // apart.
-func slowBodyServer(t *testing.T, pieces int, gap time.Duration) *rawServer {
-	return newRawServer(t, func(c net.Conn, n int) {
+func slowBodyServer(t *testing.T, pieces int, gap time.Duration) *rawtest.Server {
+	return rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
-		if _, _, err := readReq(br); err != nil {
+		if _, _, err := rawtest.ReadReq(br); err != nil {
 			return
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(pieces)+"\r\n\r\n")
@@ -43,7 +45,7 @@ func TestAttemptTimeoutDoesNotCutTheBody(t *testing.T) {
 		p.AttemptTimeout = 300 * time.Millisecond
 		p.Timeout = 5 * time.Second
 	})
-	resp, err := tr.RoundTrip(get(t, srv.url()))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +64,7 @@ func TestDeadlineEndsASlowBody(t *testing.T) {
 		p.Timeout = 300 * time.Millisecond
 	})
 	start := time.Now()
-	resp, err := tr.RoundTrip(get(t, srv.url()))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +90,7 @@ func TestCallerCancelEndsTheWaitForTheHead(t *testing.T) {
 	why := errors.New("the client left")
 	time.AfterFunc(100*time.Millisecond, func() { cancel(why) })
 	start := time.Now()
-	_, err := tr.RoundTrip(post(t, srv.url(), "charge").WithContext(ctx))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "charge").WithContext(ctx))
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("RoundTrip returned after %v", took)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 // fakeDNS answers every query on loopback UDP with rcode.
@@ -68,7 +69,7 @@ func TestDNS(t *testing.T) {
 			d := resolverDialer(fakeDNS(t, tc.rcode))
 			tr, _, _ := testTransport(t, nil)
 			tr.Base = client.NewHTTPTransport(client.HTTPOptions{DialContext: d.DialContext})
-			_, err := tr.RoundTrip(post(t, "http://nothing.egret-test.example:8080/", "x"))
+			_, err := tr.RoundTrip(rawtest.Post(t, "http://nothing.egret-test.example:8080/", "x"))
 			var e *Error
 			if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Status != 503 {
 				t.Fatalf("err %v", err)
@@ -96,7 +97,7 @@ func TestConnectTimeout(t *testing.T) {
 	}
 	tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 50 * time.Millisecond })
 	tr.Base = client.NewHTTPTransport(client.HTTPOptions{DialContext: blackhole})
-	_, err := tr.RoundTrip(post(t, "http://127.0.0.1:9/", "x"))
+	_, err := tr.RoundTrip(rawtest.Post(t, "http://127.0.0.1:9/", "x"))
 	var e *Error
 	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 3 {
 		t.Fatalf("err %v", err)

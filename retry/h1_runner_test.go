@@ -1,10 +1,7 @@
 package retry
 
 import (
-	"bufio"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -12,34 +9,14 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
-
-// answerEach serves requests on each connection with answer(i), i counting
-// the requests of that connection from 1; answer returns the raw response
-// and whether to close the connection after it.
-func answerEach(t *testing.T, seen *atomic.Int64, answer func(req *http.Request, i int) (string, bool)) *rawServer {
-	return newRawServer(t, func(c net.Conn, n int) {
-		br := bufio.NewReader(c)
-		for i := 1; ; i++ {
-			req, _, err := readReq(br)
-			if err != nil {
-				return
-			}
-			seen.Add(1)
-			raw, closeAfter := answer(req, i)
-			io.WriteString(c, raw)
-			if closeAfter {
-				return
-			}
-		}
-	})
-}
 
 // TestH1InvalidRequestNeverDispatched: a header the wire cannot carry is
 // request_invalid, not_sent, and no connection is opened for it.
 func TestH1InvalidRequestNeverDispatched(t *testing.T) {
 	var seen atomic.Int64
-	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+	srv := rawtest.AnswerEach(t, &seen, func(*http.Request, int) (string, bool) {
 		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
 	})
 	tr, _, _ := testTransport(t, nil)
@@ -49,7 +26,7 @@ func TestH1InvalidRequestNeverDispatched(t *testing.T) {
 		func(r *http.Request) { r.Host = "a b" },
 		func(r *http.Request) { r.Method = "GE T" },
 	} {
-		req := post(t, srv.url(), "x")
+		req := rawtest.Post(t, srv.URL(), "x")
 		edit(req)
 		_, err := tr.RoundTrip(req)
 		var e *Error
@@ -58,8 +35,8 @@ func TestH1InvalidRequestNeverDispatched(t *testing.T) {
 			t.Fatalf("err %v", err)
 		}
 	}
-	if srv.conns.Load() != 0 || seen.Load() != 0 {
-		t.Fatalf("%d connections, %d requests reached the upstream", srv.conns.Load(), seen.Load())
+	if srv.Conns() != 0 || seen.Load() != 0 {
+		t.Fatalf("%d connections, %d requests reached the upstream", srv.Conns(), seen.Load())
 	}
 }
 
@@ -67,12 +44,12 @@ func TestH1InvalidRequestNeverDispatched(t *testing.T) {
 // fails the attempt; the upstream answered, so it is never not_sent.
 func TestH1ResponseHeaderLimit(t *testing.T) {
 	var seen atomic.Int64
-	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+	srv := rawtest.AnswerEach(t, &seen, func(*http.Request, int) (string, bool) {
 		return "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("b", 8<<10) + "\r\nContent-Length: 2\r\n\r\nok", false
 	})
 	tr, _, _ := testTransport(t, func(p *Policy) { p.MaxAttempts = 1 })
 	tr.Base = client.NewHTTPTransport(client.HTTPOptions{MaxResponseHeaderBytes: 4 << 10})
-	_, err := tr.RoundTrip(post(t, srv.url(), "x"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "x"))
 	var a *AmbiguousError
 	if !errors.As(err, &a) || !strings.Contains(err.Error(), "response header exceeds the limit") {
 		t.Fatalf("err %v", err)

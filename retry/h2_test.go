@@ -1,7 +1,6 @@
 package retry
 
 import (
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -15,113 +14,11 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
-
-// h2Action is what the raw HTTP/2 server does with a request stream.
-type h2Action int
-
-const (
-	h2Answer         h2Action = iota // read it whole, answer 200 "ok" (executed)
-	h2Refuse                         // RST_STREAM REFUSED_STREAM on its HEADERS
-	h2GoAwayBelow                    // GOAWAY with last-stream-id below it, then close
-	h2GoAwayBelowErr                 // the same with an error code
-	h2GoAwayCovers                   // read it whole, GOAWAY covering it, close (executed, no answer)
-	h2ResetAfterRead                 // read it whole, RST_STREAM INTERNAL_ERROR (executed, no answer)
-)
-
-// h2RawServer speaks HTTP/2 with prior knowledge through a bare Framer and
-// does to the i-th request (from 1) what plan(i) says.
-func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int64) *rawServer {
-	var requests atomic.Int64
-	return newRawServer(t, func(c net.Conn, _ int) {
-		preface := make([]byte, len(http2.ClientPreface))
-		if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
-			return
-		}
-		fr := http2.NewFramer(c, c)
-		if err := fr.WriteSettings(); err != nil {
-			return
-		}
-		actions := map[uint32]h2Action{}
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					fr.WriteSettingsAck()
-				}
-			case *http2.PingFrame:
-				if !f.IsAck() {
-					fr.WritePing(true, f.Data)
-				}
-			case *http2.HeadersFrame:
-				id := f.StreamID
-				a := plan(requests.Add(1))
-				actions[id] = a
-				switch a {
-				case h2Refuse:
-					fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
-					delete(actions, id)
-					continue
-				case h2GoAwayBelow, h2GoAwayBelowErr:
-					code := http2.ErrCodeNo
-					if a == h2GoAwayBelowErr {
-						code = http2.ErrCodeEnhanceYourCalm
-					}
-					fr.WriteGoAway(id-1, code, nil) // the last stream before this one
-					// Not synchronisation: a server closes a moment after
-					// its GOAWAY, as real ones do.
-					time.Sleep(20 * time.Millisecond)
-					return
-				}
-				if f.StreamEnded() {
-					if !h2Finish(fr, id, a, executed) {
-						return
-					}
-				}
-			case *http2.DataFrame:
-				id := f.StreamID
-				if len(f.Data()) > 0 {
-					fr.WriteWindowUpdate(0, uint32(len(f.Data())))
-				}
-				a, ok := actions[id]
-				if ok && f.StreamEnded() {
-					if !h2Finish(fr, id, a, executed) {
-						return
-					}
-				}
-			}
-		}
-	})
-}
-
-// h2Finish completes a whole request; false means close the connection.
-func h2Finish(fr *http2.Framer, id uint32, a h2Action, executed *atomic.Int64) bool {
-	executed.Add(1)
-	if a == h2ResetAfterRead {
-		fr.WriteRSTStream(id, http2.ErrCodeInternal)
-		return true
-	}
-	if a == h2GoAwayCovers {
-		fr.WriteGoAway(id, http2.ErrCodeNo, nil)
-		time.Sleep(20 * time.Millisecond) // not synchronisation: the close a moment after the GOAWAY, as above
-		return false
-	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-	enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "2"})
-	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
-	fr.WriteData(id, true, []byte("ok"))
-	return true
-}
 
 func h2cTransport(t *testing.T) *Transport {
 	tr, _, _ := testTransport(t, nil)
@@ -137,23 +34,23 @@ func h2cTransport(t *testing.T) *Transport {
 // also ends its connection, so the retry comes on a second one.
 func TestH2CRefusalRetriedForPOST(t *testing.T) {
 	for _, c := range []struct {
-		action    h2Action
+		action    rawtest.H2Action
 		wantConns int64 // 0: not checked
 	}{
-		{h2Refuse, 0},
-		{h2GoAwayBelow, 2},
-		{h2GoAwayBelowErr, 2},
+		{rawtest.H2Refuse, 0},
+		{rawtest.H2GoAwayBelow, 2},
+		{rawtest.H2GoAwayBelowErr, 2},
 	} {
 		t.Run(fmt.Sprint(c.action), func(t *testing.T) {
 			var executed atomic.Int64
-			srv := h2RawServer(t, func(i int64) h2Action {
+			srv := rawtest.H2Server(t, func(i int64) rawtest.H2Action {
 				if i == 1 {
 					return c.action
 				}
-				return h2Answer
+				return rawtest.H2Answer
 			}, &executed)
 			tr := h2cTransport(t)
-			resp, err := tr.RoundTrip(post(t, srv.url(), "transfer"))
+			resp, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "transfer"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -166,8 +63,8 @@ func TestH2CRefusalRetriedForPOST(t *testing.T) {
 			if executed.Load() != 1 || len(trc.Attempts) != 2 {
 				t.Fatalf("executed %d attempts %d", executed.Load(), len(trc.Attempts))
 			}
-			if c.wantConns != 0 && srv.conns.Load() != c.wantConns {
-				t.Fatalf("conns %d, want %d", srv.conns.Load(), c.wantConns)
+			if c.wantConns != 0 && srv.Conns() != c.wantConns {
+				t.Fatalf("conns %d, want %d", srv.Conns(), c.wantConns)
 			}
 			a := trc.Attempts[0]
 			if a.Failure != engine.RefusedStream || a.Evidence != engine.NotSent || a.Decision.Reason != engine.ReasonNotSent {
@@ -179,14 +76,14 @@ func TestH2CRefusalRetriedForPOST(t *testing.T) {
 
 func TestH2CGoAwayCoveringStreamIsAmbiguousForPOST(t *testing.T) {
 	var executed atomic.Int64
-	srv := h2RawServer(t, func(i int64) h2Action {
+	srv := rawtest.H2Server(t, func(i int64) rawtest.H2Action {
 		if i == 1 {
-			return h2GoAwayCovers
+			return rawtest.H2GoAwayCovers
 		}
-		return h2Answer
+		return rawtest.H2Answer
 	}, &executed)
 	tr := h2cTransport(t)
-	_, err := tr.RoundTrip(post(t, srv.url(), "transfer"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "transfer"))
 	var a *AmbiguousError
 	if !errors.As(err, &a) {
 		t.Fatalf("err %T %v, want ambiguous", err, err)
@@ -202,7 +99,7 @@ func TestH2CGoAwayCoveringStreamIsAmbiguousForPOST(t *testing.T) {
 func TestH2CRealServerKeepAlive(t *testing.T) {
 	var hits atomic.Int64
 	h2s := &http2.Server{}
-	srv := newRawServer(t, func(c net.Conn, _ int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, _ int) {
 		h2s.ServeConn(c, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if hits.Add(1) == 1 {
 				w.WriteHeader(503)
@@ -213,7 +110,7 @@ func TestH2CRealServerKeepAlive(t *testing.T) {
 	})
 	tr := h2cTransport(t)
 	for i := range 3 {
-		resp, err := tr.RoundTrip(get(t, srv.url()))
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,8 +120,8 @@ func TestH2CRealServerKeepAlive(t *testing.T) {
 			t.Fatalf("request %d: %d %q", i, resp.StatusCode, b)
 		}
 	}
-	if srv.conns.Load() != 1 || hits.Load() != 4 {
-		t.Fatalf("conns %d hits %d, want 1 connection and 4 requests", srv.conns.Load(), hits.Load())
+	if srv.Conns() != 1 || hits.Load() != 4 {
+		t.Fatalf("conns %d hits %d, want 1 connection and 4 requests", srv.Conns(), hits.Load())
 	}
 }
 
@@ -236,7 +133,7 @@ func TestH2CRealServerKeepAlive(t *testing.T) {
 func TestH2CResponseTimeoutAfterInterimResponse(t *testing.T) {
 	var executed atomic.Int64
 	h2s := &http2.Server{}
-	srv := newRawServer(t, func(c net.Conn, _ int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, _ int) {
 		h2s.ServeConn(c, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
 			executed.Add(1)
@@ -248,7 +145,7 @@ func TestH2CResponseTimeoutAfterInterimResponse(t *testing.T) {
 	base := client.NewHTTPTransport(client.HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
 	tr.Base = base
-	_, err := tr.RoundTrip(post(t, srv.url(), "charge"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "charge"))
 	var a *AmbiguousError
 	if !errors.As(err, &a) || a.Status != 504 || a.Attempts != 1 {
 		t.Fatalf("err %v, want ambiguous 504 after 1 attempt", err)
@@ -284,7 +181,7 @@ func TestTLSALPN(t *testing.T) {
 			defer srv.Close()
 			tr := tlsTransport(t, srv, true)
 			for range 3 {
-				resp, err := tr.RoundTrip(get(t, srv.URL))
+				resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -303,7 +200,7 @@ func TestTLSCertificateIsPermanentNotSent(t *testing.T) {
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
 	defer srv.Close()
 	tr, _, _ := testTransport(t, nil) // system roots: the test certificate is unknown
-	_, err := tr.RoundTrip(post(t, srv.URL, "x"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL, "x"))
 	var e *Error
 	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 1 {
 		t.Fatalf("err %v", err)
@@ -315,13 +212,13 @@ func TestTLSCertificateIsPermanentNotSent(t *testing.T) {
 
 func TestTLSHandshakeFailureIsNotSent(t *testing.T) {
 	// A server that answers the ClientHello with garbage.
-	srv := newRawServer(t, func(c net.Conn, _ int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, _ int) {
 		buf := make([]byte, 512)
 		c.Read(buf)
 		io.WriteString(c, "HTTP/1.1 400 Bad Request\r\n\r\n")
 	})
 	tr, _, _ := testTransport(t, nil)
-	_, err := tr.RoundTrip(post(t, "https://"+srv.ln.Addr().String()+"/", "x"))
+	_, err := tr.RoundTrip(rawtest.Post(t, "https://"+srv.Addr()+"/", "x"))
 	var e *Error
 	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 3 {
 		t.Fatalf("err %v", err)
@@ -334,20 +231,13 @@ func TestTLSHandshakeFailureIsNotSent(t *testing.T) {
 // h2BaseError sends one POST straight on client.HTTPTransport (h2c, no retry
 // Transport) to a raw HTTP/2 server that does a to it, and returns
 // RoundTrip's error: net/http's own, as egret's classifier receives it.
-func h2BaseError(t *testing.T, a h2Action) error {
+func h2BaseError(t *testing.T, a rawtest.H2Action) error {
 	t.Helper()
-	var executed atomic.Int64
-	srv := h2RawServer(t, func(int64) h2Action { return a }, &executed)
 	base := client.NewHTTPTransport(client.HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
-	resp, err := base.RoundTrip(post(t, srv.url(), "x"))
-	if err == nil {
-		resp.Body.Close()
-		t.Fatalf("action %d: status %d, want an error", a, resp.StatusCode)
-	}
-	return err
+	return rawtest.H2Error(t, base, a)
 }
 
 // h2PeerResetError is net/http's error for a stream the server reset with
 // INTERNAL_ERROR after reading the whole request.
-func h2PeerResetError(t *testing.T) error { return h2BaseError(t, h2ResetAfterRead) }
+func h2PeerResetError(t *testing.T) error { return h2BaseError(t, rawtest.H2ResetAfterRead) }

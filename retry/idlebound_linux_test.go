@@ -21,17 +21,18 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
 // keepAliveServer answers every request 200 on a keep-alive connection,
 // announcing keepAlive (a Keep-Alive field value, "" for none), and counts
 // the POSTs it executed.
-func keepAliveServer(t *testing.T, keepAlive string, posts *atomic.Int64) *rawServer {
-	return newRawServer(t, func(c net.Conn, _ int) {
+func keepAliveServer(t *testing.T, keepAlive string, posts *atomic.Int64) *rawtest.Server {
+	return rawtest.NewServer(t, func(c net.Conn, _ int) {
 		br := bufio.NewReader(c)
 		for {
-			req, _, err := readReq(br)
+			req, _, err := rawtest.ReadReq(br)
 			if err != nil {
 				return
 			}
@@ -90,15 +91,15 @@ func TestRiskyRequestWithinKeepAliveBound(t *testing.T) {
 	t.Cleanup(base.CloseIdleConnections)
 	tr.Base = base
 
-	roundTripOK(t, tr, "GET", srv.url()) // learns timeout=1
+	roundTripOK(t, tr, "GET", srv.URL()) // learns timeout=1
 	clock.advance(500 * time.Millisecond)
-	roundTripOK(t, tr, "POST", srv.url())
+	roundTripOK(t, tr, "POST", srv.URL())
 	clock.advance(800 * time.Millisecond)
-	roundTripOK(t, tr, "POST", srv.url())
+	roundTripOK(t, tr, "POST", srv.URL())
 	clock.advance(800 * time.Millisecond)
-	roundTripOK(t, tr, "GET", srv.url())
+	roundTripOK(t, tr, "GET", srv.URL())
 
-	if got := srv.conns.Load(); got != 2 {
+	if got := srv.Conns(); got != 2 {
 		t.Fatalf("%d connections, want 2 (the second POST alone on a fresh one)", got)
 	}
 	want := []struct {
@@ -148,18 +149,15 @@ func TestRiskyRequestAfterCloseSeen(t *testing.T) {
 	t.Cleanup(base.CloseIdleConnections)
 	tr.Base = base
 
-	roundTripOK(t, tr, "POST", srv.url())
+	roundTripOK(t, tr, "POST", srv.URL())
 	// The upstream's idle timer: it closes the connection.
-	srv.mu.Lock()
-	first := srv.open[0]
-	srv.mu.Unlock()
-	first.Close()
+	srv.Conn(0).Close()
 	clock.advance(1500 * time.Millisecond)
 	// The close is seen by the pool once the FIN is in (no timing
 	// assumption: wait for it on the client's socket).
-	waitPeerFIN(t, <-dialed)
+	rawtest.WaitPeerFIN(t, <-dialed)
 	for range 3 {
-		roundTripOK(t, tr, "POST", srv.url())
+		roundTripOK(t, tr, "POST", srv.URL())
 		clock.advance(1500 * time.Millisecond)
 	}
 	if posts.Load() != 4 {
@@ -210,15 +208,12 @@ func TestEndedBeforeAckIsNotSent(t *testing.T) {
 	srv := keepAliveServer(t, "", &posts)
 	tr, _, traces := testTransport(t, nil)
 	fr := &finRacer{close: func() {
-		srv.mu.Lock()
-		c := srv.open[0]
-		srv.mu.Unlock()
-		c.Close()
+		srv.Conn(0).Close()
 	}}
 	tr.Witness = fr
-	roundTripOK(t, tr, "GET", srv.url())
+	roundTripOK(t, tr, "GET", srv.URL())
 	fr.armed.Store(true)
-	req, _ := http.NewRequest("POST", srv.url(), strings.NewReader("pay 1"))
+	req, _ := http.NewRequest("POST", srv.URL(), strings.NewReader("pay 1"))
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		a := (*traces)[1].Attempts[0]

@@ -15,6 +15,7 @@ import (
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/retry/attempt"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 func TestSOMark(t *testing.T) {
@@ -24,7 +25,7 @@ func TestSOMark(t *testing.T) {
 	base := client.NewHTTPTransport(client.HTTPOptions{Mark: 0x2a})
 	defer base.CloseIdleConnections()
 	var conn net.Conn
-	req := get(t, srv.URL)
+	req := rawtest.Get(t, srv.URL)
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) { conn = i.Conn },
 	}))

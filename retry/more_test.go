@@ -23,6 +23,7 @@ import (
 	"github.com/egret-proxy/egret/internal/testkit/promtest"
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 // bodies records the bodies the server received.
@@ -143,7 +144,7 @@ func TestUnauthorizedRefreshOnce(t *testing.T) {
 		hits.Store(0)
 		refreshes.Store(0)
 		tr, _, _ := testTransport(t, func(p *Policy) { p.Refresh = refresh("fresh") })
-		req := get(t, srv.URL)
+		req := rawtest.Get(t, srv.URL)
 		req.Header.Set("Authorization", "Bearer stale")
 		resp, err := tr.RoundTrip(req)
 		if err != nil {
@@ -161,7 +162,7 @@ func TestUnauthorizedRefreshOnce(t *testing.T) {
 		hits.Store(0)
 		refreshes.Store(0)
 		tr, _, _ := testTransport(t, func(p *Policy) { p.Refresh = refresh("also-stale"); p.MaxAttempts = 5 })
-		resp, err := tr.RoundTrip(get(t, srv.URL))
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +177,7 @@ func TestUnauthorizedRefreshOnce(t *testing.T) {
 		hits.Store(0)
 		refreshes.Store(0)
 		tr, _, _ := testTransport(t, func(p *Policy) { p.Refresh = refresh("fresh") })
-		resp, err := tr.RoundTrip(post(t, srv.URL, "x"))
+		resp, err := tr.RoundTrip(rawtest.Post(t, srv.URL, "x"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +197,7 @@ func TestDrainingDeniesRetries(t *testing.T) {
 	defer srv.Close()
 	tr, _, _ := testTransport(t, nil)
 	tr.Draining = func() bool { return true }
-	resp, err := tr.RoundTrip(get(t, srv.URL))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,10 +214,10 @@ func TestDrainingDeniesRetries(t *testing.T) {
 func TestKeptResponseIsNotReturnedOverAmbiguity(t *testing.T) {
 	var executed atomic.Int64
 	var n atomic.Int64
-	srv := newRawServer(t, func(c net.Conn, _ int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, _ int) {
 		br := bufio.NewReader(c)
 		for {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				return
 			}
 			if n.Add(1) == 1 {
@@ -224,12 +225,12 @@ func TestKeptResponseIsNotReturnedOverAmbiguity(t *testing.T) {
 				continue
 			}
 			executed.Add(1)
-			reset(c)
+			rawtest.Reset(c)
 			return
 		}
 	})
 	tr, _, _ := testTransport(t, nil)
-	_, err := tr.RoundTrip(post(t, srv.url(), "order"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "order"))
 	var a *AmbiguousError
 	if !errors.As(err, &a) || a.Attempts != 2 || executed.Load() != 1 {
 		t.Fatalf("err %v executed %d", err, executed.Load())
@@ -248,7 +249,7 @@ func TestCallerCancelDuringWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	start := time.Now()
-	_, err := tr.RoundTrip(post(t, closedPort(t), "x").WithContext(ctx))
+	_, err := tr.RoundTrip(rawtest.Post(t, closedPort(t), "x").WithContext(ctx))
 	if time.Since(start) > 900*time.Millisecond {
 		t.Fatalf("the wait did not honour cancellation: %v", time.Since(start))
 	}
@@ -268,7 +269,7 @@ func (constRand) Int64N(n int64) int64 { return n - 1 }
 
 func TestInvalidRequestNeverDispatched(t *testing.T) {
 	tr, _, _ := testTransport(t, nil)
-	req := get(t, "http://127.0.0.1:9/")
+	req := rawtest.Get(t, "http://127.0.0.1:9/")
 	req.URL.Scheme = "ftp"
 	_, err := tr.RoundTrip(req)
 	var e *Error
@@ -293,7 +294,7 @@ func TestMetrics(t *testing.T) {
 	tr, _, _ := testTransport(t, nil)
 	tr.Metrics = m
 	for range 3 {
-		resp, err := tr.RoundTrip(get(t, srv.URL))
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,9 +324,9 @@ func TestErrorsSayEgretOnce(t *testing.T) {
 	closed := ln.Addr().String()
 	ln.Close()
 	tr, _, _ := testTransport(t, func(p *Policy) { p.MaxAttempts = 1 })
-	invalid := get(t, "http://"+closed+"/")
+	invalid := rawtest.Get(t, "http://"+closed+"/")
 	invalid.URL.Scheme = "ftp"
-	for _, req := range []*http.Request{get(t, "http://"+closed+"/"), invalid} {
+	for _, req := range []*http.Request{rawtest.Get(t, "http://"+closed+"/"), invalid} {
 		_, err := tr.RoundTrip(req)
 		if err == nil {
 			t.Fatalf("%s: no error", req.URL)
@@ -384,7 +385,7 @@ func TestTraceExplain(t *testing.T) {
 	var executed atomic.Int64
 	srv := resetAfterRead(t, 1, &executed)
 	tr, _, _ := testTransport(t, nil)
-	_, err := tr.RoundTrip(post(t, srv.url(), "pay"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "pay"))
 	var a *AmbiguousError
 	if !errors.As(err, &a) {
 		t.Fatal(err)
@@ -413,7 +414,7 @@ func TestWaitingForPooledConnIsPoolTimeout(t *testing.T) {
 	busy := &Transport{Base: base}
 	started := make(chan struct{})
 	go func() {
-		req := get(t, srv.URL)
+		req := rawtest.Get(t, srv.URL)
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 			WroteRequest: func(httptrace.WroteRequestInfo) { close(started) },
 		}))
@@ -424,7 +425,7 @@ func TestWaitingForPooledConnIsPoolTimeout(t *testing.T) {
 	<-started
 	tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 50 * time.Millisecond; p.MaxAttempts = 2 })
 	tr.Base = base
-	_, err := tr.RoundTrip(post(t, srv.URL, "x"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL, "x"))
 	var e *Error
 	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Attempts != 2 {
 		t.Fatalf("err %v", err)
@@ -443,15 +444,15 @@ func TestWaitingForPooledConnIsPoolTimeout(t *testing.T) {
 // of a large POST and resets; the body write fails. Without a witness that
 // is sent_no_response: ambiguous.
 func TestWriteFailureIsNeverNotSentWithoutProof(t *testing.T) {
-	srv := newRawServer(t, func(c net.Conn, _ int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, _ int) {
 		br := bufio.NewReader(c)
 		if _, err := http.ReadRequest(br); err != nil {
 			return
 		}
-		reset(c)
+		rawtest.Reset(c)
 	})
 	tr, _, _ := testTransport(t, nil)
-	_, err := tr.RoundTrip(post(t, srv.url(), strings.Repeat("x", 8<<20)))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), strings.Repeat("x", 8<<20)))
 	var a *AmbiguousError
 	if !errors.As(err, &a) || a.Attempts != 1 {
 		t.Fatalf("err %v", err)
@@ -478,7 +479,7 @@ func TestIPv6Loopback(t *testing.T) {
 	var upstream string
 	tr, _, _ := testTransport(t, nil)
 	tr.OnTrace = func(tc *Trace) { upstream = tc.Upstream }
-	resp, err := tr.RoundTrip(get(t, srv.URL))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,7 +502,7 @@ func TestUpgradeKeepsConnectionWritable(t *testing.T) {
 	}))
 	defer srv.Close()
 	tr, _, _ := testTransport(t, nil)
-	req := get(t, srv.URL)
+	req := rawtest.Get(t, srv.URL)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", "echo")
 	resp, err := tr.RoundTrip(req)
@@ -542,7 +543,7 @@ func TestBudgetIsSharedAcrossTransports(t *testing.T) {
 	}
 	const originals = 100
 	for i := range originals {
-		resp, err := trs[i%2].RoundTrip(get(t, srv.URL))
+		resp, err := trs[i%2].RoundTrip(rawtest.Get(t, srv.URL))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -566,7 +567,7 @@ func TestExplainBudgetOnlyWhenConsulted(t *testing.T) {
 	}))
 	defer srv.Close()
 	tr, _, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, srv.URL))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,12 +10,12 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -66,10 +66,10 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 		// idle: the client has the connection back in its pool; closed:
 		// the upstream has closed it.
 		idle, closed := make(chan struct{}), make(chan struct{})
-		srv := newRawServer(t, func(c net.Conn, n int) {
+		srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 			br := bufio.NewReader(c)
 			for {
-				req, _, err := readReq(br)
+				req, _, err := rawtest.ReadReq(br)
 				if err != nil {
 					return
 				}
@@ -90,7 +90,7 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 		tr, _, _ := testTransport(t, nil)
 		tr.Base = base
 		tr.Witness = w
-		resp, err := tr.RoundTrip(get(t, srv.url()))
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,8 +98,8 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 		resp.Body.Close()
 		close(idle)
 		<-closed // the upstream has closed the pooled connection
-		waitPeerFIN(t, <-dialed)
-		resp, err = tr.RoundTrip(post(t, srv.url(), strings.Repeat("p", 100)))
+		rawtest.WaitPeerFIN(t, <-dialed)
+		resp, err = tr.RoundTrip(rawtest.Post(t, srv.URL(), strings.Repeat("p", 100)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,8 +108,8 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 		if resp.StatusCode != 200 || len(trc.Attempts) != 1 || trc.Attempts[0].Evidence != engine.ResponseReceived {
 			t.Fatalf("witness %v: status %d, attempts %+v", w, resp.StatusCode, trc.Attempts)
 		}
-		if executed.Load() != 1 || srv.conns.Load() != 2 {
-			t.Fatalf("witness %v: executed %d on %d connections", w, executed.Load(), srv.conns.Load())
+		if executed.Load() != 1 || srv.Conns() != 2 {
+			t.Fatalf("witness %v: executed %d on %d connections", w, executed.Load(), srv.Conns())
 		}
 	}
 }
@@ -124,16 +124,16 @@ func TestStalePooledConnectionPOSTIsNotSent(t *testing.T) {
 func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 	var arrivals atomic.Int64
 	waiting, resetDone := make(chan struct{}), make(chan struct{})
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				return
 			}
 			if arrivals.Add(1) == 1 {
 				io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
 				<-waiting
-				reset(c) // the idle connection, while the client waits out Retry-After
+				rawtest.Reset(c) // the idle connection, while the client waits out Retry-After
 				close(resetDone)
 				return
 			}
@@ -147,11 +147,11 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 	tr.Witness = witness.TCPInfo{}
 	tr.Sleep = func(ctx context.Context, d time.Duration) error {
 		close(waiting)
-		<-resetDone              // the Retry-After wait ends just after the upstream's reset
-		waitPeerFIN(t, <-dialed) // the RST is in the client's socket
+		<-resetDone                      // the Retry-After wait ends just after the upstream's reset
+		rawtest.WaitPeerFIN(t, <-dialed) // the RST is in the client's socket
 		return ctx.Err()
 	}
-	req, err := http.NewRequest(http.MethodDelete, srv.url(), nil)
+	req, err := http.NewRequest(http.MethodDelete, srv.URL(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,8 +165,8 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 	if resp.StatusCode != 200 || len(trc.Attempts) != 2 {
 		t.Fatalf("status %d, attempts %+v", resp.StatusCode, trc.Attempts)
 	}
-	if srv.conns.Load() != 2 {
-		t.Fatalf("%d connections: the reset connection was not reused (the race did not happen)", srv.conns.Load())
+	if srv.Conns() != 2 {
+		t.Fatalf("%d connections: the reset connection was not reused (the race did not happen)", srv.Conns())
 	}
 	dispatches := 0
 	for _, a := range trc.Attempts {
@@ -177,43 +177,35 @@ func TestNothingWrittenReplayIsNotAHiddenRetry(t *testing.T) {
 	}
 }
 
-// countingWitness is witness.TCPInfo that counts its snapshots.
-type countingWitness struct{ n atomic.Int64 }
-
-func (w *countingWitness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
-	w.n.Add(1)
-	return witness.TCPInfo{}.Snapshot(c)
-}
-
 // A keep-alive request through the pool with a witness costs one snapshot
 // for its "before" (the pool's check), not a peek and a snapshot; the
 // first request on a new connection uses the birth snapshot.
 func TestReusedConnectionOneSnapshot(t *testing.T) {
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				return
 			}
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	w := &countingWitness{}
+	w := &rawtest.CountingWitness{}
 	tr, _, _ := testTransport(t, nil)
 	tr.Witness = w
 	for i := range 5 {
-		before := w.n.Load()
-		resp, err := tr.RoundTrip(get(t, srv.url()))
+		before := w.Snapshots()
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if got := w.n.Load() - before; got != 1 {
+		if got := w.Snapshots() - before; got != 1 {
 			t.Fatalf("request %d: %d snapshots, want 1", i, got)
 		}
 	}
-	if srv.conns.Load() != 1 {
-		t.Fatalf("%d connections", srv.conns.Load())
+	if srv.Conns() != 1 {
+		t.Fatalf("%d connections", srv.Conns())
 	}
 }

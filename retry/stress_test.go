@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/http2/h2c"
 
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -38,7 +39,7 @@ func TestConcurrentMixed(t *testing.T) {
 			if hj, ok := w.(http.Hijacker); ok {
 				c, _, err := hj.Hijack()
 				if err == nil {
-					reset(c)
+					rawtest.Reset(c)
 					return
 				}
 			}
@@ -75,7 +76,7 @@ func TestConcurrentMixed(t *testing.T) {
 						}
 						req, _ := http.NewRequest(method, srv.URL, nil)
 						if method == http.MethodPost {
-							req = post(t, srv.URL, "payload")
+							req = rawtest.Post(t, srv.URL, "payload")
 						}
 						id := fmt.Sprintf("%s-%d-%d", name, g, i)
 						req.Header.Set("X-Id", id)

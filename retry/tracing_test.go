@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 // foreignBase hides client.HTTPTransport: the Transport cannot hand it the
@@ -28,7 +29,7 @@ func TestBothTracingRoutesClassifyAlike(t *testing.T) {
 		if !direct {
 			tr.Base = foreignBase{rt: tr.Base}
 		}
-		_, err := tr.RoundTrip(post(t, closedPort(t), "x"))
+		_, err := tr.RoundTrip(rawtest.Post(t, closedPort(t), "x"))
 		var e *Error
 		if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent {
 			t.Fatalf("direct %v: refused: %v", direct, err)
@@ -41,7 +42,7 @@ func TestBothTracingRoutesClassifyAlike(t *testing.T) {
 
 		var executed atomic.Int64
 		srv := resetAfterRead(t, 1, &executed)
-		_, err = tr.RoundTrip(post(t, srv.url(), "pay"))
+		_, err = tr.RoundTrip(rawtest.Post(t, srv.URL(), "pay"))
 		var amb *AmbiguousError
 		if !errors.As(err, &amb) || len(amb.Trace.Attempts) != 1 {
 			t.Fatalf("direct %v: reset after read: %v", direct, err)
@@ -51,7 +52,7 @@ func TestBothTracingRoutesClassifyAlike(t *testing.T) {
 		}
 
 		executed.Store(0)
-		resp, err := tr.RoundTrip(get(t, srv.url()))
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 		if err != nil {
 			t.Fatalf("direct %v: GET: %v", direct, err)
 		}

@@ -15,25 +15,8 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
-
-func post(t *testing.T, url, body string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return req
-}
-
-func get(t *testing.T, url string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return req
-}
 
 func closedPort(t *testing.T) string {
 	t.Helper()
@@ -48,7 +31,7 @@ func closedPort(t *testing.T) string {
 
 func TestConnectRefusedPOSTIsRetriedThenNotSent(t *testing.T) {
 	tr, waits, traces := testTransport(t, nil)
-	resp, err := tr.RoundTrip(post(t, closedPort(t), "pay 10"))
+	resp, err := tr.RoundTrip(rawtest.Post(t, closedPort(t), "pay 10"))
 	if resp != nil {
 		t.Fatalf("got a response %d", resp.StatusCode)
 	}
@@ -77,16 +60,16 @@ func TestConnectRefusedPOSTIsRetriedThenNotSent(t *testing.T) {
 
 // resetAfterRead answers the first `fail` requests by reading them whole and
 // resetting the connection (the server executed them), then answers 200.
-func resetAfterRead(t *testing.T, fail int64, executed *atomic.Int64) *rawServer {
-	return newRawServer(t, func(c net.Conn, n int) {
+func resetAfterRead(t *testing.T, fail int64, executed *atomic.Int64) *rawtest.Server {
+	return rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for {
-			_, _, err := readReq(br)
+			_, _, err := rawtest.ReadReq(br)
 			if err != nil {
 				return
 			}
 			if executed.Add(1) <= fail {
-				reset(c)
+				rawtest.Reset(c)
 				return
 			}
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
@@ -98,7 +81,7 @@ func TestResetAfterReadPOSTIsAmbiguous(t *testing.T) {
 	var executed atomic.Int64
 	srv := resetAfterRead(t, 1, &executed)
 	tr, _, _ := testTransport(t, nil)
-	_, err := tr.RoundTrip(post(t, srv.url(), "pay 10"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "pay 10"))
 	var a *AmbiguousError
 	if !errors.As(err, &a) {
 		t.Fatalf("err = %T %v, want *AmbiguousError", err, err)
@@ -119,7 +102,7 @@ func TestResetAfterReadGETIsRetried(t *testing.T) {
 	var executed atomic.Int64
 	srv := resetAfterRead(t, 2, &executed)
 	tr, _, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, srv.url()))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +128,7 @@ func TestStatus503ThenOKForGET(t *testing.T) {
 	}))
 	defer srv.Close()
 	tr, _, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, srv.URL))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +147,7 @@ func TestStatus503ForPOSTIsRelayedAmbiguous(t *testing.T) {
 	}))
 	defer srv.Close()
 	tr, _, traces := testTransport(t, nil)
-	resp, err := tr.RoundTrip(post(t, srv.URL, "order"))
+	resp, err := tr.RoundTrip(rawtest.Post(t, srv.URL, "order"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +176,7 @@ func TestStatus429WaitsRetryAfter(t *testing.T) {
 	}))
 	defer srv.Close()
 	tr, waits, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(post(t, srv.URL, "x"))
+	resp, err := tr.RoundTrip(rawtest.Post(t, srv.URL, "x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +200,7 @@ func TestStatus429RetryAfterBeyondDeadlineIsNotRetried(t *testing.T) {
 	}))
 	defer srv.Close()
 	tr, _, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, srv.URL))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +219,7 @@ func TestStatus425RetriedOnlyOnce(t *testing.T) {
 	}))
 	defer srv.Close()
 	tr, _, _ := testTransport(t, func(p *Policy) { p.MaxAttempts = 5 })
-	resp, err := tr.RoundTrip(get(t, srv.URL))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,10 +231,10 @@ func TestStatus425RetriedOnlyOnce(t *testing.T) {
 }
 
 // slowServer reads each request whole and never answers.
-func slowServer(t *testing.T, executed *atomic.Int64) *rawServer {
-	return newRawServer(t, func(c net.Conn, n int) {
+func slowServer(t *testing.T, executed *atomic.Int64) *rawtest.Server {
+	return rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
-		if _, _, err := readReq(br); err != nil {
+		if _, _, err := rawtest.ReadReq(br); err != nil {
 			return
 		}
 		executed.Add(1)
@@ -264,7 +247,7 @@ func TestResponseTimeout(t *testing.T) {
 		var executed atomic.Int64
 		srv := slowServer(t, &executed)
 		tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 100 * time.Millisecond })
-		_, err := tr.RoundTrip(get(t, srv.url()))
+		_, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 		var e *Error
 		if !errors.As(err, &e) || e.Outcome != engine.OutcomeFailed || e.Status != 504 || e.Attempts != 3 {
 			t.Fatalf("err %v", err)
@@ -280,7 +263,7 @@ func TestResponseTimeout(t *testing.T) {
 		var executed atomic.Int64
 		srv := slowServer(t, &executed)
 		tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 100 * time.Millisecond })
-		_, err := tr.RoundTrip(post(t, srv.url(), "charge"))
+		_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "charge"))
 		var a *AmbiguousError
 		if !errors.As(err, &a) || a.Status != 504 || a.Attempts != 1 {
 			t.Fatalf("err %v", err)
@@ -303,9 +286,9 @@ func TestResponseTimeoutAfterTheFirstByte(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var executed atomic.Int64
-			srv := newRawServer(t, func(c net.Conn, n int) {
+			srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 				br := bufio.NewReader(c)
-				if _, _, err := readReq(br); err != nil {
+				if _, _, err := rawtest.ReadReq(br); err != nil {
 					return
 				}
 				executed.Add(1)
@@ -313,7 +296,7 @@ func TestResponseTimeoutAfterTheFirstByte(t *testing.T) {
 				io.Copy(io.Discard, br) // until the client gives up
 			})
 			tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 100 * time.Millisecond })
-			_, err := tr.RoundTrip(post(t, srv.url(), "charge"))
+			_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "charge"))
 			var a *AmbiguousError
 			if !errors.As(err, &a) || a.Status != 504 || a.Attempts != 1 {
 				t.Fatalf("err %v, want ambiguous 504 after 1 attempt", err)
@@ -330,21 +313,21 @@ func TestResponseTimeoutAfterTheFirstByte(t *testing.T) {
 
 func TestBodyBreaksBeforeFirstByteIsRetried(t *testing.T) {
 	var hits atomic.Int64
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
-		if _, _, err := readReq(br); err != nil {
+		if _, _, err := rawtest.ReadReq(br); err != nil {
 			return
 		}
 		if hits.Add(1) == 1 {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
 			time.Sleep(20 * time.Millisecond) // not synchronisation: the upstream breaks off after its head, as a failing one does
-			reset(c)
+			rawtest.Reset(c)
 			return
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789")
 	})
 	tr, _, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, srv.url()))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,18 +344,18 @@ func TestBodyBreaksBeforeFirstByteIsRetried(t *testing.T) {
 
 func TestBodyBreaksMidBodyIsDelivered(t *testing.T) {
 	var hits atomic.Int64
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
-		if _, _, err := readReq(br); err != nil {
+		if _, _, err := rawtest.ReadReq(br); err != nil {
 			return
 		}
 		hits.Add(1)
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
 		time.Sleep(20 * time.Millisecond) // not synchronisation: the upstream breaks off mid-body, as a failing one does
-		reset(c)
+		rawtest.Reset(c)
 	})
 	tr, _, traces := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, srv.url()))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +413,7 @@ func TestBudgetBoundsRetriesUnderOutage(t *testing.T) {
 	const originals = 200
 	denied := 0
 	for range originals {
-		resp, err := tr.RoundTrip(get(t, srv.URL))
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -467,11 +450,11 @@ func TestKeptResponseReturnedWhenLaterAttemptNotSent(t *testing.T) {
 		}
 		defer c.Close()
 		br := bufio.NewReader(c)
-		readReq(br)
+		rawtest.ReadReq(br)
 		io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbusy")
 	}()
 	tr, _, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, url))
+	resp, err := tr.RoundTrip(rawtest.Get(t, url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +487,7 @@ func TestBulkheadPermitNotHeldWhileWaiting(t *testing.T) {
 		heldWhileWaiting = append(heldWhileWaiting, held.Load())
 		return nil
 	}
-	resp, err := tr.RoundTrip(get(t, srv.URL))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,7 +505,7 @@ func TestBulkheadTimeoutIsPoolTimeout(t *testing.T) {
 	tr.Acquire = func(ctx context.Context, upstream string) (func(), error) {
 		return nil, fmt.Errorf("bulkhead full for %s", upstream)
 	}
-	_, err := tr.RoundTrip(post(t, "http://127.0.0.1:9/", "x"))
+	_, err := tr.RoundTrip(rawtest.Post(t, "http://127.0.0.1:9/", "x"))
 	var e *Error
 	if !errors.As(err, &e) || e.Outcome != engine.OutcomeNotSent || e.Trace.Attempts[0].Failure != engine.PoolTimeout {
 		t.Fatalf("err %v", err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -41,23 +42,23 @@ func (l *ledger) count(id string) int {
 // executed); of the requests read, some are reset after reading (executed,
 // no answer), some answered after the attempt timeout (executed), some
 // answered 503 (executed), the rest 200.
-func faultyLedgerServer(t *testing.T, l *ledger) *rawServer {
+func faultyLedgerServer(t *testing.T, l *ledger) *rawtest.Server {
 	var k atomic.Int64
-	return newRawServer(t, func(c net.Conn, n int) {
+	return rawtest.NewServer(t, func(c net.Conn, n int) {
 		if n%5 == 0 {
-			reset(c)
+			rawtest.Reset(c)
 			return
 		}
 		br := bufio.NewReader(c)
 		for {
-			req, _, err := readReq(br)
+			req, _, err := rawtest.ReadReq(br)
 			if err != nil {
 				return
 			}
 			l.run(req.Header.Get("X-Id"))
 			switch i := k.Add(1); {
 			case i%11 == 0:
-				reset(c)
+				rawtest.Reset(c)
 				return
 			case i%13 == 0:
 				time.Sleep(120 * time.Millisecond) // not synchronisation: a late answer, one of the faults
@@ -108,7 +109,7 @@ func TestTruthUnderFaults(t *testing.T) {
 				if m != http.MethodGet && m != http.MethodDelete {
 					body = strings.NewReader("payload " + id)
 				}
-				req, _ := http.NewRequest(m, srv.url(), body)
+				req, _ := http.NewRequest(m, srv.URL(), body)
 				req.Header.Set("X-Id", id)
 				resp, err := tr.RoundTrip(req)
 				kind := ""

@@ -14,6 +14,7 @@ import (
 
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -56,7 +57,7 @@ func TestWitnessDiscardsQueuedRequestBytes(t *testing.T) {
 	tr, _, _ := testTransport(t, func(p *Policy) { p.AttemptTimeout = 200 * time.Millisecond })
 	tr.Base = base
 	tr.Witness = witness.TCPInfo{}
-	req := post(t, "http://"+ln.Addr().String()+"/", strings.Repeat("q", 256<<10))
+	req := rawtest.Post(t, "http://"+ln.Addr().String()+"/", strings.Repeat("q", 256<<10))
 	_, err = tr.RoundTrip(req)
 	var a *AmbiguousError
 	if !errors.As(err, &a) {

@@ -21,26 +21,27 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/testkit/promtest"
 	"github.com/egret-proxy/egret/retry/client"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
 // resetFirstConn resets its first connection as soon as it is accepted
 // (nothing read: the server never saw the request) and answers 200 on the
 // others. It resets once dialed is closed, then closes resetDone.
-func resetFirstConn(t *testing.T, executed *atomic.Int64, dialed, resetDone chan struct{}) *rawServer {
-	return newRawServer(t, func(c net.Conn, n int) {
+func resetFirstConn(t *testing.T, executed *atomic.Int64, dialed, resetDone chan struct{}) *rawtest.Server {
+	return rawtest.NewServer(t, func(c net.Conn, n int) {
 		if n == 1 {
 			select {
 			case <-dialed:
 			case <-time.After(5 * time.Second):
 			}
-			reset(c)
+			rawtest.Reset(c)
 			close(resetDone)
 			return
 		}
 		br := bufio.NewReader(c)
 		for {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				return
 			}
 			executed.Add(1)
@@ -52,7 +53,7 @@ func resetFirstConn(t *testing.T, executed *atomic.Int64, dialed, resetDone chan
 // resetBeforeWrite returns a server whose first connection is reset before
 // the request is written on it, and a Transport with witness w that waits
 // for that reset before handing the connection to net/http.
-func resetBeforeWrite(t *testing.T, w witness.Witness) (*Transport, *rawServer, *atomic.Int64) {
+func resetBeforeWrite(t *testing.T, w witness.Witness) (*Transport, *rawtest.Server, *atomic.Int64) {
 	executed := new(atomic.Int64)
 	dialed, resetDone := make(chan struct{}), make(chan struct{})
 	srv := resetFirstConn(t, executed, dialed, resetDone)
@@ -66,7 +67,7 @@ func resetBeforeWrite(t *testing.T, w witness.Witness) (*Transport, *rawServer, 
 			case <-time.After(5 * time.Second):
 			}
 			// The reset is in the socket before the transport gets it.
-			if err := pollFIN(c); err != nil {
+			if err := rawtest.PollFIN(c); err != nil {
 				c.Close()
 				return nil, err
 			}
@@ -105,7 +106,7 @@ func TestWitnessMemoryUpgradesOnlyWithProof(t *testing.T) {
 				t.Fatal(err)
 			}
 			tr.Metrics = m
-			resp, err := tr.RoundTrip(post(t, srv.url(), "pay"))
+			resp, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "pay"))
 			upgrades := promtest.CounterSum(t, reg, "egret_retry_witness_upgrades_total")
 			if want := map[bool]float64{true: 1, false: 0}[tc.upgrade]; upgrades != want {
 				t.Fatalf("egret_retry_witness_upgrades_total = %v, want %v", upgrades, want)
@@ -159,7 +160,7 @@ func TestWitnessTCPInfoProvesNotSent(t *testing.T) {
 				w = witness.TCPInfo{}
 			}
 			tr, srv, executed := resetBeforeWrite(t, w)
-			resp, err := tr.RoundTrip(post(t, srv.url(), "pay"))
+			resp, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "pay"))
 			if !withWitness {
 				var a *AmbiguousError
 				if !errors.As(err, &a) || executed.Load() != 0 {
@@ -196,7 +197,7 @@ func TestWitnessTCPInfoRefusesWhenBytesLeft(t *testing.T) {
 	srv := resetAfterRead(t, 1, &executed)
 	tr, _, _ := testTransport(t, nil)
 	tr.Witness = witness.TCPInfo{}
-	_, err := tr.RoundTrip(post(t, srv.url(), "pay"))
+	_, err := tr.RoundTrip(rawtest.Post(t, srv.URL(), "pay"))
 	var a *AmbiguousError
 	if !errors.As(err, &a) || executed.Load() != 1 {
 		t.Fatalf("err %v executed %d", err, executed.Load())
@@ -210,11 +211,11 @@ func TestWitnessTCPInfoRefusesWhenBytesLeft(t *testing.T) {
 // staleAfterFirst answers the first request of a connection and, on the
 // second, reads it whole (executes it) and closes without answering: a
 // keep-alive connection that dies just as it is reused.
-func staleAfterFirst(t *testing.T, executed *atomic.Int64) *rawServer {
-	return newRawServer(t, func(c net.Conn, n int) {
+func staleAfterFirst(t *testing.T, executed *atomic.Int64) *rawtest.Server {
+	return rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for i := 1; ; i++ {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				return
 			}
 			executed.Add(1)
@@ -233,19 +234,19 @@ func TestNoHiddenRetryOfNonIdempotentGET(t *testing.T) {
 		// A route declares this GET non-idempotent (it has side effects).
 		p.Idempotency = engine.Idempotency{RouteSet: true, Route: false}
 	})
-	resp, err := tr.RoundTrip(get(t, srv.url()))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	_, err = tr.RoundTrip(get(t, srv.url()))
+	_, err = tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	var a *AmbiguousError
 	if !errors.As(err, &a) {
 		t.Fatalf("err %v, want ambiguous", err)
 	}
-	if executed.Load() != 2 || srv.conns.Load() != 1 {
-		t.Fatalf("executed %d on %d connections: net/http replayed a non-idempotent GET", executed.Load(), srv.conns.Load())
+	if executed.Load() != 2 || srv.Conns() != 1 {
+		t.Fatalf("executed %d on %d connections: net/http replayed a non-idempotent GET", executed.Load(), srv.Conns())
 	}
 }
 
@@ -267,7 +268,7 @@ func idempotentGETOnDeadConn(t *testing.T, netHTTP bool) {
 		tr.Base = nh
 	}
 	for i := range 2 {
-		resp, err := tr.RoundTrip(get(t, srv.url()))
+		resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
@@ -280,8 +281,8 @@ func idempotentGETOnDeadConn(t *testing.T, netHTTP bool) {
 			}
 		}
 	}
-	if executed.Load() != 3 || srv.conns.Load() != 2 {
-		t.Fatalf("executed %d conns %d", executed.Load(), srv.conns.Load())
+	if executed.Load() != 3 || srv.Conns() != 2 {
+		t.Fatalf("executed %d conns %d", executed.Load(), srv.Conns())
 	}
 }
 
@@ -291,10 +292,10 @@ func idempotentGETOnDeadConn(t *testing.T, netHTTP bool) {
 func TestNoHiddenRetriesBeyondMaxAttempts(t *testing.T) {
 	var executed atomic.Int64
 	var warm atomic.Bool
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				return
 			}
 			if !warm.Load() {
@@ -306,7 +307,7 @@ func TestNoHiddenRetriesBeyondMaxAttempts(t *testing.T) {
 				continue
 			}
 			executed.Add(1)
-			reset(c)
+			rawtest.Reset(c)
 			return
 		}
 	})
@@ -317,7 +318,7 @@ func TestNoHiddenRetriesBeyondMaxAttempts(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if resp, err := tr.RoundTrip(get(t, srv.url())); err == nil {
+			if resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL())); err == nil {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
@@ -325,7 +326,7 @@ func TestNoHiddenRetriesBeyondMaxAttempts(t *testing.T) {
 	}
 	wg.Wait()
 	warm.Store(true)
-	_, err := tr.RoundTrip(get(t, srv.url()))
+	_, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	var e *Error
 	if !errors.As(err, &e) || e.Outcome != engine.OutcomeFailed {
 		t.Fatalf("err %v", err)
@@ -349,7 +350,7 @@ func TestDeadlineStopsRetries(t *testing.T) {
 		p.MinAttempt = 50 * time.Millisecond
 		return p
 	}
-	req := get(t, srv.url()).WithContext(ctx)
+	req := rawtest.Get(t, srv.URL()).WithContext(ctx)
 	start := time.Now()
 	_, err := tr.RoundTrip(req)
 	var e *Error
@@ -372,21 +373,21 @@ func TestNoHiddenRetryOfPOSTWithIdempotencyKey(t *testing.T) {
 	var executed atomic.Int64
 	srv := staleAfterFirst(t, &executed)
 	tr, _, _ := testTransport(t, nil)
-	resp, err := tr.RoundTrip(get(t, srv.url()))
+	resp, err := tr.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	req := post(t, srv.url(), "charge 10")
+	req := rawtest.Post(t, srv.URL(), "charge 10")
 	req.Header.Set("Idempotency-Key", "k-1")
 	_, err = tr.RoundTrip(req)
 	var a *AmbiguousError
 	if !errors.As(err, &a) {
 		t.Fatalf("err %v, want ambiguous", err)
 	}
-	if executed.Load() != 2 || srv.conns.Load() != 1 {
-		t.Fatalf("executed %d on %d connections: net/http replayed the POST", executed.Load(), srv.conns.Load())
+	if executed.Load() != 2 || srv.Conns() != 1 {
+		t.Fatalf("executed %d on %d connections: net/http replayed the POST", executed.Load(), srv.Conns())
 	}
 }
 
@@ -406,20 +407,20 @@ func TestWitnessTLSResetAfterHandshake(t *testing.T) {
 	// clientDone: the client's handshake is over; shed: the server has
 	// reset that connection.
 	clientDone, shed := make(chan struct{}), make(chan struct{})
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		tc := tls.Server(c, cert)
 		if err := tc.Handshake(); err != nil {
 			return
 		}
 		if n == 1 {
 			<-clientDone
-			reset(c)
+			rawtest.Reset(c)
 			close(shed)
 			return
 		}
 		br := bufio.NewReader(tc)
 		for {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				return
 			}
 			executed.Add(1)
@@ -440,13 +441,13 @@ func TestWitnessTLSResetAfterHandshake(t *testing.T) {
 	tr.Base = base
 	tr.Witness = witness.TCPInfo{}
 	var handshakes atomic.Int64
-	req := post(t, "https://"+srv.ln.Addr().String()+"/", "pay")
+	req := rawtest.Post(t, "https://"+srv.Addr()+"/", "pay")
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		TLSHandshakeDone: func(tls.ConnectionState, error) {
 			if handshakes.Add(1) == 1 {
 				close(clientDone)
-				<-shed            // hand the connection over only once the server shed it
-				pollFIN(<-dialed) // and its reset is in the socket
+				<-shed                    // hand the connection over only once the server shed it
+				rawtest.PollFIN(<-dialed) // and its reset is in the socket
 			}
 		},
 	}))

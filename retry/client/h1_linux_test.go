@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 // TestH1WriteInFlightKeepsTheConnection: an upstream answers before it has
@@ -73,7 +75,7 @@ func TestH1WriteInFlightKeepsTheConnection(t *testing.T) {
 				if _, err := io.Copy(io.Discard, req.Body); err != nil {
 					return
 				}
-				if _, _, err := readReq(br); err != nil {
+				if _, _, err := rawtest.ReadReq(br); err != nil {
 					return
 				}
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
@@ -98,7 +100,7 @@ func TestH1WriteInFlightKeepsTheConnection(t *testing.T) {
 	req.Body, req.ContentLength = body, size
 	roundTripBody(t, base, req)
 	close(readRest)
-	roundTripBody(t, base, get(t, url))
+	roundTripBody(t, base, rawtest.Get(t, url))
 	if n := conns.Load(); n != 1 {
 		t.Fatalf("%d connections, want the first one reused", n)
 	}

@@ -12,28 +12,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// answerEach serves requests on each connection with answer(i), i counting
-// the requests of that connection from 1; answer returns the raw response
-// and whether to close the connection after it.
-func answerEach(t *testing.T, seen *atomic.Int64, answer func(req *http.Request, i int) (string, bool)) *rawServer {
-	return newRawServer(t, func(c net.Conn, n int) {
-		br := bufio.NewReader(c)
-		for i := 1; ; i++ {
-			req, _, err := readReq(br)
-			if err != nil {
-				return
-			}
-			seen.Add(1)
-			raw, closeAfter := answer(req, i)
-			io.WriteString(c, raw)
-			if closeAfter {
-				return
-			}
-		}
-	})
-}
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
+)
 
 func roundTripBody(t *testing.T, rt http.RoundTripper, req *http.Request) (*http.Response, string) {
 	t.Helper()
@@ -70,13 +51,13 @@ func TestH1Framing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var seen atomic.Int64
-			srv := answerEach(t, &seen, func(req *http.Request, i int) (string, bool) {
+			srv := rawtest.AnswerEach(t, &seen, func(req *http.Request, i int) (string, bool) {
 				return tc.raw, strings.Contains(tc.name, "close") || tc.name == "HTTP/1.0"
 			})
 			base := NewHTTPTransport(HTTPOptions{})
 			defer base.CloseIdleConnections()
 			for range 2 {
-				req, _ := http.NewRequest(tc.method, srv.url(), nil)
+				req, _ := http.NewRequest(tc.method, srv.URL(), nil)
 				resp, body := roundTripBody(t, base, req)
 				if resp.StatusCode/100 != 2 || body != tc.body {
 					t.Fatalf("status %d body %q", resp.StatusCode, body)
@@ -86,7 +67,7 @@ func TestH1Framing(t *testing.T) {
 			if tc.reused {
 				want = 1
 			}
-			if got := srv.conns.Load(); got != want {
+			if got := srv.Conns(); got != want {
 				t.Fatalf("%d connections for 2 requests, want %d", got, want)
 			}
 		})
@@ -97,20 +78,20 @@ func TestH1Framing(t *testing.T) {
 // bytes on the connection; it is not pooled.
 func TestH1BodyNotReadCostsTheConnection(t *testing.T) {
 	var seen atomic.Int64
-	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+	srv := rawtest.AnswerEach(t, &seen, func(*http.Request, int) (string, bool) {
 		return "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789", false
 	})
 	base := NewHTTPTransport(HTTPOptions{})
 	defer base.CloseIdleConnections()
-	resp, err := base.RoundTrip(get(t, srv.url()))
+	resp, err := base.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Read(make([]byte, 3))
 	resp.Body.Close()
-	roundTripBody(t, base, get(t, srv.url()))
-	if srv.conns.Load() != 2 {
-		t.Fatalf("%d connections: a connection with unread body bytes was reused", srv.conns.Load())
+	roundTripBody(t, base, rawtest.Get(t, srv.URL()))
+	if srv.Conns() != 2 {
+		t.Fatalf("%d connections: a connection with unread body bytes was reused", srv.Conns())
 	}
 }
 
@@ -119,10 +100,10 @@ func TestH1BodyNotReadCostsTheConnection(t *testing.T) {
 func TestH1IdleTimeout(t *testing.T) {
 	var seen atomic.Int64
 	closed := make(chan struct{}, 4)
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for {
-			if _, _, err := readReq(br); err != nil {
+			if _, _, err := rawtest.ReadReq(br); err != nil {
 				closed <- struct{}{}
 				return
 			}
@@ -132,15 +113,15 @@ func TestH1IdleTimeout(t *testing.T) {
 	})
 	base := NewHTTPTransport(HTTPOptions{IdleConnTimeout: 100 * time.Millisecond})
 	defer base.CloseIdleConnections()
-	roundTripBody(t, base, get(t, srv.url()))
+	roundTripBody(t, base, rawtest.Get(t, srv.URL()))
 	select {
 	case <-closed:
 	case <-time.After(2 * time.Second):
 		t.Fatal("the idle connection was not closed by the sweeper")
 	}
-	roundTripBody(t, base, get(t, srv.url()))
-	if srv.conns.Load() != 2 {
-		t.Fatalf("%d connections", srv.conns.Load())
+	roundTripBody(t, base, rawtest.Get(t, srv.URL()))
+	if srv.Conns() != 2 {
+		t.Fatalf("%d connections", srv.Conns())
 	}
 }
 
@@ -150,7 +131,7 @@ func TestH1MaxIdlePerHost(t *testing.T) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 4)
 	var seen atomic.Int64
-	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+	srv := rawtest.AnswerEach(t, &seen, func(*http.Request, int) (string, bool) {
 		arrived <- struct{}{}
 		<-release
 		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
@@ -160,7 +141,7 @@ func TestH1MaxIdlePerHost(t *testing.T) {
 	done := make(chan error, 4)
 	for range 4 {
 		go func() {
-			resp, err := base.RoundTrip(get(t, srv.url()))
+			resp, err := base.RoundTrip(rawtest.Get(t, srv.URL()))
 			if err == nil {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
@@ -184,7 +165,7 @@ func TestH1MaxIdlePerHost(t *testing.T) {
 		}
 	}
 	base.h1.mu.Lock()
-	idle := len(base.h1.idle[poolKey{"http", srv.ln.Addr().String()}])
+	idle := len(base.h1.idle[poolKey{"http", srv.Addr()}])
 	base.h1.mu.Unlock()
 	if idle != 2 {
 		t.Fatalf("%d idle connections, want 2", idle)
@@ -200,10 +181,10 @@ func TestH1RequestWireFormat(t *testing.T) {
 		ua   string
 	}
 	got := make(chan seenReq, 1)
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		br := bufio.NewReader(c)
 		for {
-			req, body, err := readReq(br)
+			req, body, err := rawtest.ReadReq(br)
 			if err != nil {
 				return
 			}
@@ -235,7 +216,7 @@ func TestH1RequestWireFormat(t *testing.T) {
 		{"zero length empty", "PUT", oneShot(""), 0, seenReq{cl: 0}},
 		{"large sized", "PUT", oneShot(strings.Repeat("L", 40<<10)), 40 << 10, seenReq{cl: 40 << 10, body: strings.Repeat("L", 40<<10)}},
 	} {
-		req, _ := http.NewRequest(tc.method, srv.url(), nil)
+		req, _ := http.NewRequest(tc.method, srv.URL(), nil)
 		req.Body, req.ContentLength = tc.body, tc.cl
 		req.Header.Set("User-Agent", "egret-test")
 		roundTripBody(t, base, req)
@@ -246,12 +227,12 @@ func TestH1RequestWireFormat(t *testing.T) {
 			t.Fatalf("%s: upstream saw length %d te %v body %d bytes ua %q", tc.name, s.cl, s.te, len(s.body), s.ua)
 		}
 	}
-	if srv.conns.Load() != 1 {
-		t.Fatalf("%d connections for keep-alive requests", srv.conns.Load())
+	if srv.Conns() != 1 {
+		t.Fatalf("%d connections for keep-alive requests", srv.Conns())
 	}
 	// A body shorter than its Content-Length is refused and costs the
 	// connection (the upstream would wait for the rest).
-	req, _ := http.NewRequest("PUT", srv.url(), oneShot("abc"))
+	req, _ := http.NewRequest("PUT", srv.URL(), oneShot("abc"))
 	req.ContentLength = 10
 	if _, err := base.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "ended after 3 of its 10 bytes") {
 		t.Fatalf("short body: %v", err)
@@ -301,14 +282,14 @@ func (e *eofSeen) Close() error { return nil }
 // than its Content-Length is refused.
 func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 	var seen atomic.Int64
-	srv := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+	srv := rawtest.AnswerEach(t, &seen, func(*http.Request, int) (string, bool) {
 		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
 	})
 	base := NewHTTPTransport(HTTPOptions{})
 	defer base.CloseIdleConnections()
 	for _, size := range []int{100, 300 << 10} {
 		body := &eofSeen{r: io.MultiReader(strings.NewReader(strings.Repeat("b", size)))}
-		req, _ := http.NewRequest("PUT", srv.url(), nil)
+		req, _ := http.NewRequest("PUT", srv.URL(), nil)
 		req.Body, req.ContentLength = body, int64(size)
 		roundTripBody(t, base, req)
 		if !body.eof.Load() {
@@ -318,7 +299,7 @@ func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 	// The excess is found before the last byte leaves: the upstream never
 	// has a whole request to answer (it would wait for the 10th byte).
 	bodyBytes := make(chan int64, 1)
-	waits := newRawServer(t, func(c net.Conn, n int) {
+	waits := rawtest.NewServer(t, func(c net.Conn, n int) {
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
 			bodyBytes <- -1
@@ -328,7 +309,7 @@ func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 		bodyBytes <- k
 	})
 	long := &eofSeen{r: io.MultiReader(strings.NewReader(strings.Repeat("b", 20)))}
-	req, _ := http.NewRequest("PUT", waits.url(), nil)
+	req, _ := http.NewRequest("PUT", waits.URL(), nil)
 	req.Body, req.ContentLength = long, 10
 	if _, err := base.RoundTrip(req); !errors.Is(err, ErrRequestInvalid) || !strings.Contains(err.Error(), "longer than its Content-Length") {
 		t.Fatalf("long body: %v", err)
@@ -346,7 +327,7 @@ func TestH1SizedStreamedBodyReadToItsEnd(t *testing.T) {
 func TestH1InMemoryBodyLongerThanItsLength(t *testing.T) {
 	var received atomic.Int64
 	ended := make(chan struct{}, 1) // the first connection's end, seen by the server
-	srv := newRawServer(t, func(c net.Conn, n int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, n int) {
 		k, _ := io.Copy(io.Discard, c)
 		received.Add(k)
 		if n == 1 {
@@ -355,7 +336,7 @@ func TestH1InMemoryBodyLongerThanItsLength(t *testing.T) {
 	})
 	base := NewHTTPTransport(HTTPOptions{})
 	defer base.CloseIdleConnections()
-	req, _ := http.NewRequest("PUT", srv.url(), strings.NewReader(strings.Repeat("b", 20)))
+	req, _ := http.NewRequest("PUT", srv.URL(), strings.NewReader(strings.Repeat("b", 20)))
 	req.ContentLength = 10
 	_, err := base.RoundTrip(req)
 	if !errors.Is(err, ErrRequestInvalid) || !strings.Contains(err.Error(), "longer than its Content-Length") {
@@ -372,10 +353,10 @@ func TestH1InMemoryBodyLongerThanItsLength(t *testing.T) {
 	}
 	// A body of exactly its length still goes out whole.
 	var seen atomic.Int64
-	ok := answerEach(t, &seen, func(*http.Request, int) (string, bool) {
+	ok := rawtest.AnswerEach(t, &seen, func(*http.Request, int) (string, bool) {
 		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
 	})
-	req, _ = http.NewRequest("PUT", ok.url(), strings.NewReader(strings.Repeat("b", 10)))
+	req, _ = http.NewRequest("PUT", ok.URL(), strings.NewReader(strings.Repeat("b", 10)))
 	if _, body := roundTripBody(t, base, req); body != "ok" || seen.Load() != 1 {
 		t.Fatalf("exact body: %q, %d requests", body, seen.Load())
 	}

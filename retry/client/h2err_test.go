@@ -5,35 +5,28 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
 
 	"github.com/egret-proxy/egret/retry/attempt"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 // h2BaseError sends one POST straight on HTTPTransport (h2c, no retry
 // Transport) to a raw HTTP/2 server that does a to it, and returns
 // RoundTrip's error: net/http's own, as egret's classifier receives it.
-func h2BaseError(t *testing.T, a h2Action) error {
+func h2BaseError(t *testing.T, a rawtest.H2Action) error {
 	t.Helper()
-	var executed atomic.Int64
-	srv := h2RawServer(t, func(int64) h2Action { return a }, &executed)
 	base := NewHTTPTransport(HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
-	resp, err := base.RoundTrip(post(t, srv.url(), "x"))
-	if err == nil {
-		resp.Body.Close()
-		t.Fatalf("action %d: status %d, want an error", a, resp.StatusCode)
-	}
-	return err
+	return rawtest.H2Error(t, base, a)
 }
 
 // h2PeerResetError is net/http's error for a stream the server reset with
 // INTERNAL_ERROR after reading the whole request.
-func h2PeerResetError(t *testing.T) error { return h2BaseError(t, h2ResetAfterRead) }
+func h2PeerResetError(t *testing.T) error { return h2BaseError(t, rawtest.H2ResetAfterRead) }
 
 // TestH2ErrorsOfNetHTTP pins egret's reading of net/http's HTTP/2 errors
 // (h2err.go) against what net/http really returns for each fault: the
@@ -42,17 +35,17 @@ func h2PeerResetError(t *testing.T) error { return h2BaseError(t, h2ResetAfterRe
 func TestH2ErrorsOfNetHTTP(t *testing.T) {
 	for _, c := range []struct {
 		name      string
-		action    h2Action
+		action    rawtest.H2Action
 		code      h2ErrCode // 0: not a stream error
 		fault     h2ConnFault
 		refused   bool
 		PeerReset bool
 	}{
-		{"REFUSED_STREAM", h2Refuse, h2CodeRefusedStream, h2NoConnFault, true, true},
-		{"RST_STREAM after the request", h2ResetAfterRead, h2CodeInternal, h2NoConnFault, false, true},
-		{"GOAWAY below the stream", h2GoAwayBelow, 0, h2GoAwayRefused, true, false},
-		{"GOAWAY below the stream, with an error code", h2GoAwayBelowErr, 0, h2GoAwayRefused, true, false},
-		{"GOAWAY covering the stream, then close", h2GoAwayCovers, 0, h2GoAwayClosed, false, true},
+		{"REFUSED_STREAM", rawtest.H2Refuse, h2CodeRefusedStream, h2NoConnFault, true, true},
+		{"RST_STREAM after the request", rawtest.H2ResetAfterRead, h2CodeInternal, h2NoConnFault, false, true},
+		{"GOAWAY below the stream", rawtest.H2GoAwayBelow, 0, h2GoAwayRefused, true, false},
+		{"GOAWAY below the stream, with an error code", rawtest.H2GoAwayBelowErr, 0, h2GoAwayRefused, true, false},
+		{"GOAWAY covering the stream, then close", rawtest.H2GoAwayCovers, 0, h2GoAwayClosed, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := h2BaseError(t, c.action)
@@ -88,7 +81,7 @@ func TestH2ErrorsOfNetHTTP(t *testing.T) {
 func TestH2UnusableConnOfNetHTTP(t *testing.T) {
 	goAway := make(chan struct{})
 	pinged := make(chan struct{})
-	srv := newRawServer(t, func(c net.Conn, _ int) {
+	srv := rawtest.NewServer(t, func(c net.Conn, _ int) {
 		preface := make([]byte, len(http2.ClientPreface))
 		if _, err := io.ReadFull(c, preface); err != nil {
 			return
@@ -121,7 +114,7 @@ func TestH2UnusableConnOfNetHTTP(t *testing.T) {
 	})
 	base := NewHTTPTransport(HTTPOptions{H2C: true})
 	t.Cleanup(base.CloseIdleConnections)
-	c, _, _, err := base.h2.get(t.Context(), srv.ln.Addr().String(), false, nil, attempt.IdleBound{})
+	c, _, _, err := base.h2.get(t.Context(), srv.Addr(), false, nil, attempt.IdleBound{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +124,7 @@ func TestH2UnusableConnOfNetHTTP(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no PING ack after the GOAWAY")
 	}
-	resp, err := c.cc.RoundTrip(get(t, srv.url()))
+	resp, err := c.cc.RoundTrip(rawtest.Get(t, srv.URL()))
 	if err == nil {
 		resp.Body.Close()
 		t.Fatalf("status %d on a connection after its GOAWAY", resp.StatusCode)
@@ -139,7 +132,7 @@ func TestH2UnusableConnOfNetHTTP(t *testing.T) {
 	if h2ConnFaultOf(err) != h2Unusable || !StreamRefused(err) || PeerReset(err) {
 		t.Fatalf("err %q: fault %d refused %v PeerReset %v, want unusable, refused, no peer reset", err, h2ConnFaultOf(err), StreamRefused(err), PeerReset(err))
 	}
-	if srv.conns.Load() != 1 {
-		t.Fatalf("conns %d", srv.conns.Load())
+	if srv.Conns() != 1 {
+		t.Fatalf("conns %d", srv.Conns())
 	}
 }

@@ -5,7 +5,6 @@ package client
 import (
 	"io"
 	"net"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/egret-proxy/egret/internal/testkit/testenv"
 	"github.com/egret-proxy/egret/retry/attempt"
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 	"github.com/egret-proxy/egret/witness"
 )
 
@@ -44,7 +44,7 @@ func TestPeerClosed(t *testing.T) {
 	}
 	peer.Write([]byte("HTTP/1.1 408 Request Timeout\r\n\r\n"))
 	pc.tls = true // bytes on a TLS connection may be a session ticket; on plain HTTP/1.1 they are an unsolicited answer
-	waitPoll(t, c, unix.POLLIN, "the peer's bytes")
+	rawtest.WaitPoll(t, c, unix.POLLIN, "the peer's bytes")
 	if _, pending := peerState(wc.Raw()); !pending {
 		t.Fatal("pending bytes not seen")
 	}
@@ -58,7 +58,7 @@ func TestPeerClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	peer.Close()
-	waitPeerFIN(t, c)
+	rawtest.WaitPeerFIN(t, c)
 	if fin, _ := peerState(wc.Raw()); !fin {
 		t.Fatal("the peer's close not seen")
 	}
@@ -90,14 +90,6 @@ func TestPeekAllocatesNothing(t *testing.T) {
 	if allocs := testing.AllocsPerRun(100, func() { pc.stale() }); allocs != 0 {
 		t.Fatalf("%.1f allocations per peek", allocs)
 	}
-}
-
-// countingWitness is witness.TCPInfo that counts its snapshots.
-type countingWitness struct{ n atomic.Int64 }
-
-func (w *countingWitness) Snapshot(c syscall.RawConn) (witness.Counters, error) {
-	w.n.Add(1)
-	return witness.TCPInfo{}.Snapshot(c)
 }
 
 // pairConn returns a client connection wrapped for the witness and armed
@@ -144,7 +136,7 @@ func waitCheck(t *testing.T, pc *h1Conn, want bool, what string) {
 // snapshot (state and bytes received against bytes read), not a peek; it
 // sees what the peek sees.
 func TestIdleCheckBySnapshot(t *testing.T) {
-	w := &countingWitness{}
+	w := &rawtest.CountingWitness{}
 	wc, peer := pairConn(t, w)
 	pc := &h1Conn{wc: wc}
 	if pc.stale() {
@@ -177,7 +169,7 @@ func TestIdleCheckBySnapshot(t *testing.T) {
 	// A reset.
 	wc2, peer2 := pairConn(t, w)
 	pc2 := &h1Conn{wc: wc2}
-	reset(peer2)
+	rawtest.Reset(peer2)
 	waitCheck(t, pc2, true, "peer reset")
 
 	// Without a witness it peeks.
@@ -191,7 +183,7 @@ func TestIdleCheckBySnapshot(t *testing.T) {
 // The idle check's snapshot serves as the next request's "before" once,
 // only for the witness that took it, and only while nothing was written.
 func TestFreshSnapshotTakenOnce(t *testing.T) {
-	w := &countingWitness{}
+	w := &rawtest.CountingWitness{}
 	wc, peer := pairConn(t, w)
 	if stale, decided := wc.CheckIdle(false); stale || !decided {
 		t.Fatalf("stale %v decided %v", stale, decided)

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"testing"
+
+	"github.com/egret-proxy/egret/retry/internal/rawtest"
 )
 
 // TestSwitchAnswers: which 101s answer which requests (RFC 9110 section
@@ -83,7 +85,7 @@ func TestUnaskedSwitchIsMalformed(t *testing.T) {
 	}()
 	tr := NewHTTPTransport(HTTPOptions{})
 	defer tr.CloseIdleConnections()
-	resp, err := tr.RoundTrip(get(t, "http://"+ln.Addr().String()+"/"))
+	resp, err := tr.RoundTrip(rawtest.Get(t, "http://"+ln.Addr().String()+"/"))
 	if err == nil {
 		resp.Body.Close()
 		t.Fatalf("got %d, want an error", resp.StatusCode)

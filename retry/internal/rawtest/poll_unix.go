@@ -1,6 +1,6 @@
 //go:build unix
 
-package retry
+package rawtest
 
 import (
 	"fmt"
@@ -11,29 +11,29 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// waitPeerFIN blocks until c's peer has closed its side (POLLRDHUP: the
+// WaitPeerFIN blocks until c's peer has closed its side (POLLRDHUP: the
 // FIN, or a reset, is in c's socket) or 5 s pass, without reading from c.
-func waitPeerFIN(t *testing.T, c net.Conn) {
+func WaitPeerFIN(t *testing.T, c net.Conn) {
 	t.Helper()
-	if err := pollFor(c, unix.POLLRDHUP); err != nil {
+	if err := PollFor(c, unix.POLLRDHUP); err != nil {
 		t.Fatalf("the peer's close: %v", err)
 	}
 }
 
-// pollFIN is waitPeerFIN for any goroutine.
-func pollFIN(c net.Conn) error { return pollFor(c, unix.POLLRDHUP) }
+// PollFIN is WaitPeerFIN for any goroutine.
+func PollFIN(c net.Conn) error { return PollFor(c, unix.POLLRDHUP) }
 
-// waitPoll blocks until poll(2) reports one of events on c (or an error or
+// WaitPoll blocks until poll(2) reports one of events on c (or an error or
 // hang-up) or 5 s pass.
-func waitPoll(t *testing.T, c net.Conn, events int16, what string) {
+func WaitPoll(t *testing.T, c net.Conn, events int16, what string) {
 	t.Helper()
-	if err := pollFor(c, events); err != nil {
+	if err := PollFor(c, events); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
 
-// pollFor is waitPoll for any goroutine: it returns what went wrong.
-func pollFor(c net.Conn, events int16) error {
+// PollFor is WaitPoll for any goroutine: it returns what went wrong.
+func PollFor(c net.Conn, events int16) error {
 	raw, err := c.(syscall.Conn).SyscallConn()
 	if err != nil {
 		return err

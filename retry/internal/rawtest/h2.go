@@ -1,10 +1,10 @@
-package client
+package rawtest
 
 import (
 	"bytes"
-
 	"io"
 	"net"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,14 +13,23 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
-// h2Action is what the raw HTTP/2 server does with a request stream.
-type h2Action int
+// H2Action is what the raw HTTP/2 server does with a request stream.
+type H2Action int
 
-// h2RawServer speaks HTTP/2 with prior knowledge through a bare Framer and
+const (
+	H2Answer         H2Action = iota // read it whole, answer 200 "ok" (executed)
+	H2Refuse                         // RST_STREAM REFUSED_STREAM on its HEADERS
+	H2GoAwayBelow                    // GOAWAY with last-stream-id below it, then close
+	H2GoAwayBelowErr                 // the same with an error code
+	H2GoAwayCovers                   // read it whole, GOAWAY covering it, close (executed, no answer)
+	H2ResetAfterRead                 // read it whole, RST_STREAM INTERNAL_ERROR (executed, no answer)
+)
+
+// H2Server speaks HTTP/2 with prior knowledge through a bare Framer and
 // does to the i-th request (from 1) what plan(i) says.
-func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int64) *rawServer {
+func H2Server(t *testing.T, plan func(i int64) H2Action, executed *atomic.Int64) *Server {
 	var requests atomic.Int64
-	return newRawServer(t, func(c net.Conn, _ int) {
+	return NewServer(t, func(c net.Conn, _ int) {
 		preface := make([]byte, len(http2.ClientPreface))
 		if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
 			return
@@ -29,7 +38,7 @@ func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int
 		if err := fr.WriteSettings(); err != nil {
 			return
 		}
-		actions := map[uint32]h2Action{}
+		actions := map[uint32]H2Action{}
 		for {
 			f, err := fr.ReadFrame()
 			if err != nil {
@@ -49,13 +58,13 @@ func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int
 				a := plan(requests.Add(1))
 				actions[id] = a
 				switch a {
-				case h2Refuse:
+				case H2Refuse:
 					fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
 					delete(actions, id)
 					continue
-				case h2GoAwayBelow, h2GoAwayBelowErr:
+				case H2GoAwayBelow, H2GoAwayBelowErr:
 					code := http2.ErrCodeNo
-					if a == h2GoAwayBelowErr {
+					if a == H2GoAwayBelowErr {
 						code = http2.ErrCodeEnhanceYourCalm
 					}
 					fr.WriteGoAway(id-1, code, nil) // the last stream before this one
@@ -86,13 +95,13 @@ func h2RawServer(t *testing.T, plan func(i int64) h2Action, executed *atomic.Int
 }
 
 // h2Finish completes a whole request; false means close the connection.
-func h2Finish(fr *http2.Framer, id uint32, a h2Action, executed *atomic.Int64) bool {
+func h2Finish(fr *http2.Framer, id uint32, a H2Action, executed *atomic.Int64) bool {
 	executed.Add(1)
-	if a == h2ResetAfterRead {
+	if a == H2ResetAfterRead {
 		fr.WriteRSTStream(id, http2.ErrCodeInternal)
 		return true
 	}
-	if a == h2GoAwayCovers {
+	if a == H2GoAwayCovers {
 		fr.WriteGoAway(id, http2.ErrCodeNo, nil)
 		time.Sleep(20 * time.Millisecond) // not synchronisation: the close a moment after the GOAWAY, as above
 		return false
@@ -106,11 +115,16 @@ func h2Finish(fr *http2.Framer, id uint32, a h2Action, executed *atomic.Int64) b
 	return true
 }
 
-const (
-	h2Answer         h2Action = iota // read it whole, answer 200 "ok" (executed)
-	h2Refuse                         // RST_STREAM REFUSED_STREAM on its HEADERS
-	h2GoAwayBelow                    // GOAWAY with last-stream-id below it, then close
-	h2GoAwayBelowErr                 // the same with an error code
-	h2GoAwayCovers                   // read it whole, GOAWAY covering it, close (executed, no answer)
-	h2ResetAfterRead                 // read it whole, RST_STREAM INTERNAL_ERROR (executed, no answer)
-)
+// H2Error sends one POST on rt to a raw HTTP/2 server that does a to it,
+// and returns RoundTrip's error.
+func H2Error(t *testing.T, rt http.RoundTripper, a H2Action) error {
+	t.Helper()
+	var executed atomic.Int64
+	srv := H2Server(t, func(int64) H2Action { return a }, &executed)
+	resp, err := rt.RoundTrip(Post(t, srv.URL(), "x"))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("action %d: status %d, want an error", a, resp.StatusCode)
+	}
+	return err
+}
