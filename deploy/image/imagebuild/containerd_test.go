@@ -46,15 +46,7 @@ func TestImageIndexInContainerd(t *testing.T) {
 		testenv.Require(t, err == nil, c+" (apt-get install containerd runc util-linux)")
 	}
 	archive, digest := testIndex(t)
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := ociimage.Read(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := readLayout(t, archive)
 
 	c := startContainerd(t)
 	start := time.Now()
@@ -64,33 +56,6 @@ func TestImageIndexInContainerd(t *testing.T) {
 		t.Logf("ctr images import --all-platforms: %.1fs\n%s", time.Since(start).Seconds(), out)
 	}
 
-	// ctr images ls: REF TYPE DIGEST SIZE PLATFORMS LABELS.
-	out, err := c.ctr("images", "ls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("ctr images ls:\n%s", out)
-	row := findRow(out, l.Name)
-	if len(row) < 6 {
-		t.Fatalf("ctr images ls has no image %s:\n%s", l.Name, out)
-	}
-	if row[1] != ociimage.MediaIndex || row[2] != digest {
-		t.Errorf("ctr images ls: %s is %s %s, want the index %s", l.Name, row[1], row[2], digest)
-	}
-	if got := strings.Split(row[5], ","); !slices.Equal(got, DefaultPlatforms) {
-		t.Errorf("ctr images ls: %s has platforms %q, want %q", l.Name, got, DefaultPlatforms)
-	}
-
-	// Every blob of the archive (the index; each platform's manifest,
-	// config and layer) is in containerd's content store, byte for byte.
-	out, err = c.ctr("content", "ls", "-q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := map[string]bool{}
-	for _, d := range strings.Fields(out) {
-		held[d] = true
-	}
 	blobs, err := archiveBlobs(archive)
 	if err != nil {
 		t.Fatal(err)
@@ -103,23 +68,12 @@ func TestImageIndexInContainerd(t *testing.T) {
 			t.Errorf("%s/%s: manifest %s not in the archive", p.OS, p.Architecture, p.Digest)
 		}
 	}
-	for d, want := range blobs {
-		if !held[d] {
-			t.Errorf("ctr content ls has no %s (%d bytes)", d, len(want))
-			continue
-		}
-		got, err := c.ctrBytes("content", "get", d)
-		if err != nil {
-			t.Error(err)
-		} else if !bytes.Equal(got, want) {
-			t.Errorf("ctr content get %s: %d bytes, not the archive's %d", d, len(got), len(want))
-		}
-	}
+	c.expectImage(t, l.Name, digest, blobs)
 	t.Logf("ctr content: all %d blobs of the archive", len(blobs))
 
 	// ctr images check: REF TYPE DIGEST STATUS SIZE UNPACKED, the status
 	// "complete (N/N)" when every blob of the node's platform is there.
-	out, err = c.ctr("images", "check")
+	out, err := c.ctr("images", "check")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,6 +96,63 @@ func TestImageIndexInContainerd(t *testing.T) {
 	}
 	if out, err := c.ctr("containers", "ls", "-q"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("ctr run --rm left containers: %q %v", out, err)
+	}
+}
+
+// readLayout reads the OCI layout archive at path.
+func readLayout(t *testing.T, path string) *ociimage.Layout {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l, err := ociimage.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// expectImage checks that containerd lists ref as the index digest with
+// every default platform, and holds each of blobs (by digest) byte for
+// byte in its content store.
+func (c *containerd) expectImage(t *testing.T, ref, digest string, blobs map[string][]byte) {
+	t.Helper()
+	// ctr images ls: REF TYPE DIGEST SIZE PLATFORMS LABELS.
+	out, err := c.ctr("images", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ctr images ls:\n%s", out)
+	row := findRow(out, ref)
+	if len(row) < 6 {
+		t.Fatalf("ctr images ls has no image %s:\n%s", ref, out)
+	}
+	if row[1] != ociimage.MediaIndex || row[2] != digest {
+		t.Errorf("ctr images ls: %s is %s %s, want the index %s", ref, row[1], row[2], digest)
+	}
+	if got := strings.Split(row[5], ","); !slices.Equal(got, DefaultPlatforms) {
+		t.Errorf("ctr images ls: %s has platforms %q, want %q", ref, got, DefaultPlatforms)
+	}
+	if out, err = c.ctr("content", "ls", "-q"); err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]bool{}
+	for _, d := range strings.Fields(out) {
+		held[d] = true
+	}
+	for d, want := range blobs {
+		if !held[d] {
+			t.Errorf("ctr content ls has no %s (%d bytes)", d, len(want))
+			continue
+		}
+		got, err := c.ctrBytes("content", "get", d)
+		if err != nil {
+			t.Error(err)
+		} else if !bytes.Equal(got, want) {
+			t.Errorf("ctr content get %s: %d bytes, not the archive's %d", d, len(got), len(want))
+		}
 	}
 }
 
