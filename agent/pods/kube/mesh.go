@@ -67,16 +67,13 @@ func MeshSidecar(pod *corev1.Pod) string {
 		}
 	}
 	for _, c := range meshContainers {
-		in := func(cs []corev1.Container) bool {
-			return slices.ContainsFunc(cs, func(x corev1.Container) bool { return x.Name == c.name })
-		}
-		if in(pod.Spec.Containers) {
+		named := func(x corev1.Container) bool { return x.Name == c.name }
+		if slices.ContainsFunc(pod.Spec.Containers, named) {
 			return fmt.Sprintf("%s (container %s)", c.mesh, c.name)
 		}
-		if in(pod.Spec.InitContainers) {
+		if i := slices.IndexFunc(pod.Spec.InitContainers, named); i >= 0 {
 			kind := "init container"
-			if i := slices.IndexFunc(pod.Spec.InitContainers, func(x corev1.Container) bool { return x.Name == c.name }); pod.Spec.InitContainers[i].RestartPolicy != nil &&
-				*pod.Spec.InitContainers[i].RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			if rp := pod.Spec.InitContainers[i].RestartPolicy; rp != nil && *rp == corev1.ContainerRestartPolicyAlways {
 				kind = "sidecar container"
 			}
 			return fmt.Sprintf("%s (%s %s)", c.mesh, kind, c.name)
