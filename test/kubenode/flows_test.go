@@ -2,7 +2,6 @@ package kubenode_test
 
 import (
 	"bytes"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -52,16 +51,7 @@ func TestDirectFlowsOnNode(t *testing.T) {
 // first).
 func (c *cluster) directFlows(t testing.TB, outcome string) float64 {
 	t.Helper()
-	ap := c.agentPod(t)
-	resp, err := c.n.HTTPClient(5 * time.Second).Get("http://" + ap.Status.PodIP + ":9090/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("/metrics: %v %s", err, resp.Status)
-	}
+	body := c.agentMetrics(t)
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {

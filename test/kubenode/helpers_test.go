@@ -169,6 +169,22 @@ func (c *cluster) agentPods(t testing.TB, p *corev1.Pod) (map[string]agent.PodSt
 	return out, nil
 }
 
+// agentMetrics is the agent's /metrics, as Prometheus scrapes it.
+func (c *cluster) agentMetrics(t testing.TB) []byte {
+	t.Helper()
+	ap := c.agentPod(t)
+	resp, err := c.n.HTTPClient(5 * time.Second).Get("http://" + ap.Status.PodIP + ":9090/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/metrics: %v %s", err, resp.Status)
+	}
+	return body
+}
+
 // waitBehindEgret polls the agent's admin API (it has no stream of
 // changes to wait on) until the agent lists every named pod
 // (namespace/name) running (want true) or lists none of them (false).

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -354,16 +353,7 @@ func checkPosts(p *loopPosts, exec map[string]int) postReport {
 // one upstream label value, namespace/name:port, and no series names an
 // endpoint.
 func (s *service) testMetricsBounded(t *testing.T) {
-	ap := s.c.agentPod(t)
-	resp, err := s.c.n.HTTPClient(5 * time.Second).Get("http://" + ap.Status.PodIP + ":9090/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("/metrics: %v %s", err, resp.Status)
-	}
+	body := s.c.agentMetrics(t)
 	label := regexp.MustCompile(`="([^"]*` + regexp.QuoteMeta(s.c.ns+"/"+s.name) + `[^"]*)"`)
 	values := map[string]int{}
 	series := 0

@@ -53,12 +53,12 @@ func TestSocketLBOnNode(t *testing.T) {
 	if st.CgroupID == 0 || len(st.Listen) == 0 {
 		t.Fatalf("the agent's view of the client pod: %+v", st)
 	}
-	agentCg := procCgroup2(t, agentPID(t, c, ap))
+	root := podsCgroup2(t)
+	agentCg := procCgroup2(t, agentPID(t, c, ap), filepath.Dir(root))
 	agentID, err := bpfload.CgroupID(agentCg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := podsCgroup2(t)
 	if !strings.HasPrefix(agentCg, root+"/") {
 		t.Fatalf("the agent's cgroup %s is not under the pods' %s", agentCg, root)
 	}
@@ -192,14 +192,14 @@ func podsCgroup2(t testing.TB) string {
 	return ""
 }
 
-// procCgroup2 is the cgroup v2 directory of process pid.
-func procCgroup2(t testing.TB, pid int) string {
+// procCgroup2 is the cgroup v2 directory of process pid, under the
+// hierarchy mounted at mount.
+func procCgroup2(t testing.TB, pid int, mount string) string {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	mount := filepath.Dir(podsCgroup2(t))
 	for _, l := range strings.Split(string(b), "\n") {
 		if p, ok := strings.CutPrefix(l, "0::"); ok {
 			return filepath.Join(mount, p)
