@@ -46,15 +46,7 @@ func TestImageIndex(t *testing.T) {
 	}
 	const tag = testTag
 	out, digest := testIndex(t)
-	f, err := os.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	l, err := ociimage.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := readLayout(t, out)
 	if l.Name != "registry.test/egret:"+tag || l.Tag != tag || l.MediaType != ociimage.MediaIndex || l.Digest != digest {
 		t.Fatalf("layout %s %s %s %s, want an index named registry.test/egret:%s of digest %s", l.Name, l.Tag, l.MediaType, l.Digest, tag, digest)
 	}
@@ -127,6 +119,21 @@ var index struct {
 	dir, path, digest string
 	log               string
 	err               error
+}
+
+// readLayout reads the OCI layout archive at path.
+func readLayout(t *testing.T, path string) *ociimage.Layout {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l, err := ociimage.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // testIndex returns the archive of registry.test/egret:testTag, for

@@ -99,21 +99,6 @@ func TestImageIndexInContainerd(t *testing.T) {
 	}
 }
 
-// readLayout reads the OCI layout archive at path.
-func readLayout(t *testing.T, path string) *ociimage.Layout {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	l, err := ociimage.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // expectImage checks that containerd lists ref as the index digest with
 // every default platform, and holds each of blobs (by digest) byte for
 // byte in its content store.
