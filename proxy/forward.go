@@ -514,6 +514,18 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Tim
 		cl = -1
 	}
 	q := c.s.cfg.Quota
+	if cl < 0 && !s.h1 {
+		// An HTTP/2 stream of unknown length (a gRPC call) goes as it
+		// comes, its first MemoryLimit bytes kept for a retry: its client
+		// may wait for the answer before it sends the rest. What it may
+		// keep is taken at once.
+		if !q.takeSpool(lim.MemoryLimit) {
+			return nil, nil, spoolHold{}, errSpoolLimit
+		}
+		g = &guard{c: s.rd}
+		g.r = &deadlineReader{c: s.rd, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut, detached: &g.stop}
+		return spool.NewStream(g, lim.MemoryLimit), g, spoolHold{bytes: lim.MemoryLimit}, nil
+	}
 	var charge *spoolCharge
 	g = &guard{c: s.rd}
 	var r io.Reader = &deadlineReader{c: s.rd, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut, detached: &g.stop}
