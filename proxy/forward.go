@@ -683,7 +683,16 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *excha
 		Header:     h,
 		Host:       req.Host,
 	}
-	x.req = *tmpl.WithContext(c.s.ctx) // WithContext's copy stays on the stack; the server's context only cancels
+	// The attempts end with the server's context (Shutdown's cut); an
+	// HTTP/2 stream's also ends when the client resets the stream or the
+	// connection ends (its server's BaseContext is the server's
+	// context), which is a client abort as a closed HTTP/1.1 connection
+	// is. Either only cancels.
+	ctx := c.s.ctx
+	if req.ProtoMajor == 2 {
+		ctx = req.Context()
+	}
+	x.req = *tmpl.WithContext(ctx) // WithContext's copy stays on the stack
 	out := &x.req
 	if c.s.cfg.Mode == Explicit {
 		out.Host = tg.url.Host

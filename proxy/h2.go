@@ -70,6 +70,9 @@ func (c *conn) serveH2() {
 		IdleTimeout:    cfg.IdleTimeout,
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+		// Each stream's context ends with the server's too (Shutdown's
+		// cut), and forwarding sends its attempts with it.
+		BaseContext: func(net.Listener) context.Context { return c.s.ctx },
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			if st == http.StateClosed || st == http.StateHijacked {
 				close(ended)

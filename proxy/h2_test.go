@@ -270,3 +270,28 @@ func TestH2CStreamsBothWays(t *testing.T) {
 		t.Fatalf("attempts %q", resp.Header.Get(HeaderAttempts))
 	}
 }
+
+// A client's RST_STREAM ends its stream's attempt upstream: the upstream
+// sees its request's context end.
+func TestH2CClientResetCancelsAttempt(t *testing.T) {
+	arrived, gone := make(chan struct{}), make(chan struct{})
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-r.Context().Done()
+		close(gone)
+	})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, up)}})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://svc.example/slow", nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := h2cClient(p.addr).Do(req)
+		errc <- err
+	}()
+	<-arrived
+	cancel() // the client resets the stream
+	<-gone
+	if err := <-errc; err == nil {
+		t.Fatal("a cancelled request got an answer")
+	}
+}
