@@ -146,7 +146,7 @@ func (h *h2conn) goAway() {
 }
 
 // interrupt ends the body reads of every stream being served (Shutdown's
-// cut, set before): a deadline in the past, the pattern deadlineReader
+// cut, set before): a deadline in the past, the pattern spool.Source
 // checks for.
 func (h *h2conn) interrupt() {
 	h.mu.Lock()

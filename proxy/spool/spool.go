@@ -60,6 +60,7 @@ type Body struct {
 	// Release never wait for a read blocked on the client.
 	r      io.Reader
 	st     *stream // a NewStream body's state; nil otherwise
+	g      *guard  // the source's guard (Read, ReadStream); nil otherwise
 	eof    atomic.Bool
 	closed atomic.Bool
 	mu     sync.Mutex // serialises Reopen and Release
