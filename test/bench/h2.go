@@ -74,9 +74,22 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 		{name: "egret run", proto: "http1", addr: upAddr, egretRun: true},
 		{name: "egret run", proto: "h2c", addr: upAddr, egretRun: true},
 	}
-	fmt.Printf("h2c and HTTP/1.1 GETs (test/bench/streams, closed loop): %d requests in flight, on %d h2c connections × %d streams or %d HTTP/1.1 connections; %v measured after %v, %d rounds\n",
+	fmt.Printf("h2c and HTTP/1.1 GETs (test/bench/streams): %d requests in flight at most, on %d h2c connections × %d streams or %d HTTP/1.1 connections; %v measured after %v, %d rounds interleaved, each figure the median of the rounds\n",
 		*h2Conns**h2Stream, *h2Conns, *h2Stream, *h2Conns**h2Stream, *duration, *warmup, *rounds)
+	fmt.Println("closed loop (saturation):")
+	err = streamsRounds(dir, egret, bin, targets, 0)
+	if *h2Rate > 0 {
+		fmt.Printf("\npaced: %g requests/s (open loop), latency from each request's intended send time:\n", *h2Rate)
+		err = errors.Join(err, streamsRounds(dir, egret, bin, targets, *h2Rate))
+	}
+	return err
+}
 
+// streamsRounds runs the generator against every target, closed loop
+// (rate 0) or at rate, -rounds rounds interleaved so that a change in the
+// machine's load hits all alike, and prints each target's medians and the
+// ratios. A paced run more than 2 % short of rate is not comparable.
+func streamsRounds(dir, egret, bin string, targets []streamTarget, rate float64) error {
 	runs := make([][]streamsreport.Report, len(targets))
 	failed := make([]error, len(targets))
 	for round := range *rounds {
@@ -84,7 +97,7 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 			if failed[ti] != nil {
 				continue // it failed once: its reason is printed below
 			}
-			r, err := runStreams(dir, egret, bin, tg, round)
+			r, err := runStreams(dir, egret, bin, tg, round, rate)
 			if err != nil {
 				failed[ti] = err
 				continue
@@ -99,6 +112,8 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 		p50, p99, p999, cpu, sys      time.Duration
 		requests, errors, bad, rounds int64
 		firstError                    string
+		lowRate                       float64 // the lowest rate of the rounds
+		late99                        time.Duration
 	}
 	rows := make([]row, len(targets))
 	for ti, rs := range runs {
@@ -125,7 +140,10 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 		if targets[ti].pid != 0 || targets[ti].egretRun {
 			w.cpu = dur(func(r streamsreport.Report) time.Duration { return r.CPU / time.Duration(max(r.Requests, 1)) })
 		}
+		w.lowRate = rs[0].Rate
 		for _, r := range rs {
+			w.lowRate = min(w.lowRate, r.Rate)
+			w.late99 = max(w.late99, r.LateP99)
 			w.requests += r.Requests
 			w.errors += r.Errors
 			w.bad += r.Bad
@@ -143,6 +161,13 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 		}
 		w := rows[ti]
 		fmt.Printf("%-14s %-6s %12.0f %10s %10s %10s %12s %9d\n", tg.name, tg.proto, w.rate, fmtDur(w.p50), fmtDur(w.p99), fmtDur(w.p999), cpuCell(w.cpu), w.errors+w.bad)
+	}
+	if rate > 0 {
+		var late time.Duration
+		for _, w := range rows {
+			late = max(late, w.late99)
+		}
+		fmt.Printf("(the generator's own lateness, in every figure alike: wake-ups p99 %s at worst)\n", fmtDur(late))
 	}
 	fmt.Println()
 	get := func(name, proto string) (row, bool) {
@@ -174,7 +199,11 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 	cmp("egret h2c / haproxy h2c", eh2, hh2, eh2ok, hh2ok)
 	cmp("egret h2c / haproxy h2>h1", eh2, h21, eh2ok, h21ok)
 	cmp("egret http1 / haproxy http1", eh1, hh1, eh1ok, hh1ok)
-	fmt.Println("added p99 (p99 - direct's in the same protocol; at saturation mostly queueing):")
+	if rate > 0 {
+		fmt.Println("added p99 (p99 - direct's in the same protocol):")
+	} else {
+		fmt.Println("added p99 (p99 - direct's in the same protocol; at saturation mostly queueing, see the paced runs):")
+	}
 	for _, a := range []struct {
 		name string
 		r, d row
@@ -185,12 +214,18 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 		}
 	}
 
+	section := "h2c section, closed loop"
+	if rate > 0 {
+		section = fmt.Sprintf("h2c section, paced at %g/s", rate)
+	}
 	var errs []error
 	for ti, tg := range targets {
 		if failed[ti] != nil {
-			errs = append(errs, fmt.Errorf("h2c section, %s %s: %w", tg.name, tg.proto, failed[ti]))
+			errs = append(errs, fmt.Errorf("%s, %s %s: %w", section, tg.name, tg.proto, failed[ti]))
 		} else if n := rows[ti].errors + rows[ti].bad; n > 0 {
-			errs = append(errs, fmt.Errorf("h2c section, %s %s: %d errors or bad answers (first: %s): the figures are not comparable", tg.name, tg.proto, n, rows[ti].firstError))
+			errs = append(errs, fmt.Errorf("%s, %s %s: %d errors or bad answers (first: %s): the figures are not comparable", section, tg.name, tg.proto, n, rows[ti].firstError))
+		} else if rate > 0 && rows[ti].lowRate < 0.98*rate {
+			errs = append(errs, fmt.Errorf("%s, %s %s: %.0f requests/s achieved, more than 2 %% below %g: the paced figures are not comparable", section, tg.name, tg.proto, rows[ti].lowRate, rate))
 		}
 	}
 	return errors.Join(errs...)
@@ -199,10 +234,11 @@ func measureStreams(dir, egret, bin, upAddr, hpAddr string, hpPID int) error {
 // runStreams runs the generator against tg once: -warmup unrecorded, then
 // -duration measured. For egret it runs as `egret run -- streams ...`,
 // egret run's output going to a log in dir.
-func runStreams(dir, egret, bin string, tg streamTarget, round int) (streamsreport.Report, error) {
+func runStreams(dir, egret, bin string, tg streamTarget, round int, rate float64) (streamsreport.Report, error) {
 	var r streamsreport.Report
 	args := []string{"-addr", tg.addr, "-proto", tg.proto, "-conns", strconv.Itoa(*h2Conns), "-streams", strconv.Itoa(*h2Stream),
-		"-warmup", warmup.String(), "-duration", duration.String(), "-want-bytes", "64"}
+		"-warmup", warmup.String(), "-duration", duration.String(), "-want-bytes", "64",
+		"-rate", strconv.FormatFloat(rate, 'f', -1, 64)}
 	ctx, cancel := context.WithTimeout(context.Background(), *warmup+*duration+time.Minute)
 	defer cancel()
 	var cmd *exec.Cmd
@@ -211,7 +247,7 @@ func runStreams(dir, egret, bin string, tg streamTarget, round int) (streamsrepo
 		// Every answer must carry Egret-Attempts: egret served it.
 		args = append(args, "-want-header", "Egret-Attempts", "-cpu-parent")
 		cmd = exec.CommandContext(ctx, egret, append([]string{"run", "--", bin}, args...)...)
-		logPath = filepath.Join(dir, fmt.Sprintf("egret-run-%s-%d.log", tg.proto, round))
+		logPath = filepath.Join(dir, fmt.Sprintf("egret-run-%s-%g-%d.log", tg.proto, rate, round))
 		logf, err := os.Create(logPath)
 		if err != nil {
 			return r, err

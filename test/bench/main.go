@@ -75,6 +75,7 @@ var (
 	h2       = flag.Bool("h2", true, "last, measure GETs on h2c connections beside HTTP/1.1 (test/bench/streams): direct, HAProxy (proto h2) and egret run (transparent)")
 	h2Conns  = flag.Int("h2-conns", 4, "h2c connections of the h2c section")
 	h2Stream = flag.Int("h2-streams", 16, "concurrent streams on each h2c connection (HTTP/1.1: h2-conns × h2-streams connections)")
+	h2Rate   = flag.Float64("h2-rate", 2000, "requests per second of the h2c section's paced runs, after its closed-loop ones (0: none)")
 )
 
 func main() {

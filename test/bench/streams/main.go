@@ -3,11 +3,16 @@
 // connections (prior knowledge, as gRPC clients do between pods) and keeps
 // S streams in flight on each; with -proto http1 it keeps the same C·S
 // requests in flight on C·S keep-alive HTTP/1.1 connections, one each, the
-// most HTTP/1.1 can do with as many requests outstanding. Closed loop: each
-// of the C·S workers sends its next GET when the previous answer has ended.
+// most HTTP/1.1 can do with as many requests outstanding. Closed loop by
+// default: each of the C·S workers sends its next GET when the previous
+// answer has ended, and an answer counts if it ends in the measured window.
+// With -rate R, paced (open loop), as test/bench/pace: worker i sends its
+// k-th GET at t0 + (k·C·S + i)/R, and the latency runs from that time, a
+// worker held up by a slow answer sending late and the lateness counting
+// (coordinated omission); a request counts if its time is in the window.
 //
 //	streams -addr HOST:PORT [-proto h2c|http1] [-conns 4] [-streams 16]
-//	        [-path /] [-host H] [-warmup 2s] [-duration 5s]
+//	        [-rate 0] [-path /] [-host H] [-warmup 2s] [-duration 5s]
 //	        [-want-bytes 64] [-want-header NAME] [-cpu-pid PID | -cpu-parent]
 //
 // Why not h2load (nghttp2): it reports the mean and spread of its request
@@ -24,8 +29,9 @@
 // Before the warmup one request on each connection must be answered as
 // checked; otherwise it prints {"error": ...} and exits 1. It prints one
 // JSON line (test/bench/internal/streamsreport): requests answered in the
-// window, errors, bad answers, rate, p50, p90, p99, p99.9, max, and the
-// target's CPU time over the window.
+// window, errors, bad answers, rate, p50, p90, p99, p99.9, max, how late
+// the generator woke for paced sends, and the target's CPU time over the
+// window.
 package main
 
 import (
@@ -60,6 +66,7 @@ type config struct {
 	wantBytes        int           // -1: any
 	wantHeader       string        // "": none
 	cpuPID           int           // 0: none
+	rate             float64       // requests/s in all (0: closed loop)
 }
 
 func main() {
@@ -76,6 +83,7 @@ func main() {
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Second, "longest wait for one answer (then an error)")
 	flag.IntVar(&cfg.wantBytes, "want-bytes", -1, "body length every answer must have (-1: any)")
 	flag.StringVar(&cfg.wantHeader, "want-header", "", "header every answer must carry")
+	flag.Float64Var(&cfg.rate, "rate", 0, "requests per second in all, paced (0: closed loop)")
 	flag.IntVar(&cfg.cpuPID, "cpu-pid", 0, "process whose CPU time over the window is reported (0: none)")
 	flag.BoolVar(&cpuParent, "cpu-parent", false, "report the CPU time of this process's parent (run under `egret run`)")
 	flag.Parse()
@@ -165,13 +173,14 @@ func run(cfg config) (streamsreport.Report, error) {
 		}
 	}
 
-	t0 := time.Now()
+	// The clock starts once every connection is open and checked.
+	t0 := time.Now().Add(20 * time.Millisecond)
 	start, end := t0.Add(cfg.warmup), t0.Add(cfg.warmup+cfg.duration)
 	type worker struct {
-		lat         []time.Duration
+		lat, late   []time.Duration // the measured window's
 		errors, bad int64
 		first       error
-		last        time.Time
+		last        time.Time // end of the last answer counted
 	}
 	ws := make([]worker, len(clients))
 	var cpu0, cpu1 time.Duration
@@ -194,22 +203,37 @@ func run(cfg config) (streamsreport.Report, error) {
 		w := &ws[i]
 		w.lat = make([]time.Duration, 0, 1<<14)
 		wg.Go(func() {
-			for {
-				sent := time.Now()
-				if !sent.Before(end) {
+			for k := 0; ; k++ {
+				// at: when the request is meant to be sent. Closed loop:
+				// now, and it counts if its answer ends in the window.
+				// Paced: worker i's k-th slot, and it counts if the slot
+				// is in the window, its lateness included.
+				var at time.Time
+				if cfg.rate > 0 {
+					at = t0.Add(slot(i, k, len(clients), cfg.rate))
+					if !at.Before(end) {
+						return
+					}
+					if time.Until(at) > 0 {
+						sleepUntil(at)
+						if !at.Before(start) {
+							w.late = append(w.late, time.Since(at))
+						}
+					}
+				} else if at = time.Now(); !at.Before(end) {
 					return
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 				err := c.do(ctx)
 				cancel()
 				done := time.Now()
-				if done.Before(start) || done.After(end) {
+				if cfg.rate > 0 && at.Before(start) || cfg.rate <= 0 && (done.Before(start) || done.After(end)) {
 					continue // the warmup's, or ended after the window
 				}
 				var bad *badAnswer
 				switch {
 				case err == nil:
-					w.lat = append(w.lat, done.Sub(sent))
+					w.lat = append(w.lat, done.Sub(at))
 					w.last = done
 				case errors.As(err, &bad):
 					w.bad++
@@ -227,10 +251,11 @@ func run(cfg config) (streamsreport.Report, error) {
 		return r, fmt.Errorf("CPU time of pid %d: %w", cfg.cpuPID, cpuErr)
 	}
 
-	var all []time.Duration
+	var all, late []time.Duration
 	var last time.Time
 	for _, w := range ws {
 		all = append(all, w.lat...)
+		late = append(late, w.late...)
 		r.Errors += w.errors
 		r.Bad += w.bad
 		if w.last.After(last) {
@@ -247,12 +272,33 @@ func run(cfg config) (streamsreport.Report, error) {
 		return r, fmt.Errorf("no answer in the measured window (%d errors, %d bad answers; first: %s)", r.Errors, r.Bad, r.FirstError)
 	}
 	r.Rate = float64(len(all)) / cfg.duration.Seconds()
-	pct := func(p float64) time.Duration {
-		i := int(p*float64(len(all))+0.999999) - 1
-		return all[min(max(i, 0), len(all)-1)]
+	if cfg.rate > 0 {
+		// Paced, the window's last answers may end after it.
+		r.Rate = float64(len(all)) / max(last.Sub(start), cfg.duration).Seconds()
 	}
-	r.P50, r.P90, r.P99, r.P999, r.Max = pct(0.50), pct(0.90), pct(0.99), pct(0.999), all[len(all)-1]
+	slices.Sort(late)
+	r.P50, r.P90, r.P99, r.P999, r.Max = percentile(all, 5000), percentile(all, 9000), percentile(all, 9900), percentile(all, 9990), percentile(all, 10000)
+	r.LateP50, r.LateP99 = percentile(late, 5000), percentile(late, 9900)
 	return r, nil
+}
+
+// slot is the time after t0 at which worker i of n sends its k-th request
+// at rate requests per second in all: each worker every n/rate, the
+// workers staggered by 1/rate.
+func slot(i, k, n int, rate float64) time.Duration {
+	return time.Duration(float64(k*n+i) * float64(time.Second) / rate)
+}
+
+// percentile is the nearest-rank percentile of sorted for q in hundredths
+// of a percent (9990: p99.9), computed in integers so that it is exact (0
+// for no samples).
+func percentile(sorted []time.Duration, q int) time.Duration {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	rank := (q*n + 9999) / 10000 // ceil(q·n / 10000), from 1
+	return sorted[min(max(rank, 1), n)-1]
 }
 
 // check is the answer's verdict: nil if it is the one the bench wants.

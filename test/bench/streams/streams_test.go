@@ -77,6 +77,28 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// Paced, every slot of the window is sent and answered, once: 16 workers
+// at 1000 requests/s have 400 slots in a 400 ms window.
+func TestRunPaced(t *testing.T) {
+	for _, proto := range []string{"h2c", "http1"} {
+		t.Run(proto, func(t *testing.T) {
+			addr, _, _ := upstream(t, "Egret-Attempts")
+			cfg := testConfig(addr, proto)
+			cfg.rate = 1000
+			r, err := run(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Requests != 400 || r.Errors != 0 || r.Bad != 0 {
+				t.Fatalf("requests %d, errors %d, bad %d (%s), want 400 answered", r.Requests, r.Errors, r.Bad, r.FirstError)
+			}
+			if r.P50 <= 0 || r.P99 < r.P50 || r.LateP99 < r.LateP50 {
+				t.Fatalf("percentiles out of order: %+v", r)
+			}
+		})
+	}
+}
+
 // A target whose answers lack the header asked for (egret not in the way)
 // fails the run at its first request, saying so.
 func TestRunFailsWithoutHeader(t *testing.T) {

@@ -21,6 +21,10 @@ type Report struct {
 	P99        time.Duration `json:"p99_ns"`
 	P999       time.Duration `json:"p999_ns"`
 	Max        time.Duration `json:"max_ns"`
+	// LateP50 and LateP99 (paced runs): how late the generator woke for
+	// its sends, a floor in every latency.
+	LateP50 time.Duration `json:"late_p50_ns"`
+	LateP99 time.Duration `json:"late_p99_ns"`
 	// CPU is the user + system CPU time of -cpu-pid's process over the
 	// measured window (0 without one).
 	CPU time.Duration `json:"cpu_ns"`
