@@ -28,6 +28,15 @@
 // open-loop generator in its own process that counts each request's
 // latency from the time it was meant to be sent (coordinated omission):
 // what a proxy adds is then its p50 or p99 less the direct run's.
+//
+// Last (-h2=false leaves it out), GETs with many requests in flight on few
+// HTTP/2 connections (h2c, prior knowledge), beside the same number on
+// HTTP/1.1 connections, driven by test/bench/streams against the same
+// upstream: direct, HAProxy (proto h2 on its bind line; h2 or HTTP/1.1 to
+// the upstream) and egret in transparent mode, the only one in which it
+// serves h2c: the generator runs as `egret run -- streams ...` (root), and
+// every answer must carry Egret-Attempts. Closed loop, then paced at
+// -h2-rate; see h2.go.
 package main
 
 import (
