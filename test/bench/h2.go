@@ -201,9 +201,9 @@ func streamsRounds(dir, egret, bin string, targets []streamTarget, rate float64)
 	cmp("egret http1 / haproxy http1", eh1, hh1, eh1ok, hh1ok)
 	cmp("haproxy h2>h1 / haproxy h2c", h21, hh2, h21ok, hh2ok)
 	if rate > 0 {
-		fmt.Println("added p99 (p99 - direct's in the same protocol):")
+		fmt.Println("added latency (minus direct's in the same protocol):")
 	} else {
-		fmt.Println("added p99 (p99 - direct's in the same protocol; at saturation mostly queueing, see the paced runs):")
+		fmt.Println("added latency (minus direct's in the same protocol; at saturation mostly queueing, see the paced runs):")
 	}
 	for _, a := range []struct {
 		name string
@@ -211,7 +211,7 @@ func streamsRounds(dir, egret, bin string, targets []streamTarget, rate float64)
 		ok   bool
 	}{{"haproxy http1", hh1, dh1, hh1ok}, {"egret http1", eh1, dh1, eh1ok}, {"haproxy h2c", hh2, dh2, hh2ok}, {"haproxy h2>h1", h21, dh2, h21ok}, {"egret h2c", eh2, dh2, eh2ok}} {
 		if a.ok {
-			fmt.Printf("  %-14s %s\n", a.name, fmtDur(a.r.p99-a.d.p99))
+			fmt.Printf("  %-14s p50 %s, p99 %s\n", a.name, fmtDur(a.r.p50-a.d.p50), fmtDur(a.r.p99-a.d.p99))
 		}
 	}
 
