@@ -61,8 +61,8 @@ func (c *conn) serveH2() {
 	// buffered: c.br is not read again (end resets it once the server's
 	// reader may still be running).
 	buffered, _ := c.br.Peek(c.br.Buffered())
-	ln := &connListener{c: &prefixedConn{Conn: c.c, prefix: bytes.Clone(buffered)}, done: make(chan struct{})}
 	ended := make(chan struct{})
+	ln := &connListener{c: &prefixedConn{Conn: c.c, prefix: bytes.Clone(buffered)}, done: make(chan struct{}), ended: ended}
 	h := &h2conn{c: c, streams: map[*http.ResponseController]struct{}{}}
 	h.srv = &http.Server{
 		Handler:        h,
@@ -82,13 +82,9 @@ func (c *conn) serveH2() {
 	c.h2 = h
 	c.s.setState(c, stateH2)
 	c.s.cfg.Metrics.servedH2()
-	go func() {
-		<-ended
-		ln.Close()
-	}()
-	// Serve returns once the listener is closed: when the connection has
-	// ended, or earlier when Shutdown (goAway) closes it; the connection
-	// is served on until its end either way.
+	// Serve returns once the connection has ended, or earlier when
+	// Shutdown (goAway) closes the listener; the connection is served on
+	// until its end either way.
 	h.srv.Serve(ln)
 	<-ended
 }
@@ -361,13 +357,14 @@ func (c *prefixedConn) Read(p []byte) (int, error) {
 }
 
 // connListener hands one connection to a net/http Server: Accept returns
-// it once, then waits until Close (the connection ended) and fails, so
-// that Serve returns.
+// it once, then waits until the connection has ended or the listener is
+// closed, and fails, so that Serve returns.
 type connListener struct {
-	c    net.Conn
-	once sync.Once
-	done chan struct{}
-	took bool
+	c     net.Conn
+	once  sync.Once
+	done  chan struct{} // closed by Close
+	ended chan struct{} // closed when the connection has ended
+	took  bool
 }
 
 func (l *connListener) Accept() (net.Conn, error) {
@@ -375,7 +372,10 @@ func (l *connListener) Accept() (net.Conn, error) {
 		l.took = true
 		return l.c, nil
 	}
-	<-l.done
+	select {
+	case <-l.done:
+	case <-l.ended:
+	}
 	return nil, net.ErrClosed
 }
 
