@@ -220,7 +220,9 @@ func (st *h2stream) relay(req *http.Request, x *exchange, res retry.Result, star
 		if cl := field(resp.Header, "Content-Length"); cl != "" {
 			h["Content-Length"] = []string{cl}
 		}
-	case !noBody && resp.ContentLength >= 0:
+	case !noBody && resp.ContentLength >= 0 && !strings.HasPrefix(field(resp.Header, "Content-Type"), "application/grpc"):
+		// gRPC frames its messages itself and sends no Content-Length
+		// (a Trailers-Only answer is a HEADERS frame alone).
 		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
 	}
 	st.rc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
@@ -315,8 +317,11 @@ func (st *h2stream) answer(req *http.Request, a *answer) bool {
 		h.Set("Content-Type", "application/grpc")
 		h.Set(headerGRPCStatus, strconv.Itoa(grpcCode(a.outcome, a.status)))
 		h.Set(headerGRPCMessage, grpcMessage(answerText(a.msg)))
+		// No flush: the HEADERS frame goes out with END_STREAM when
+		// the handler returns (a flush now would end the stream with an
+		// empty DATA frame, which is not Trailers-Only).
 		st.w.WriteHeader(http.StatusOK)
-		return st.rc.Flush() == nil
+		return true
 	}
 	body := answerText(a.msg)
 	if body != "" {
