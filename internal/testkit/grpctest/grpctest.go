@@ -330,11 +330,16 @@ func (s *Server) StreamingInputCall(stream grpc.ClientStreamingServer[testpb.Str
 	return stream.SendAndClose(&testpb.StreamingInputCallResponse{AggregatedPayloadSize: int32(seen.Received)})
 }
 
-// Client returns a TestService client of a real grpc-go channel to target
-// (host:port) with insecure credentials (h2c) and grpc-go's own retries
-// off, so that every retry a test sees is the proxy's. The channel is
-// closed when the test ends.
+// Client returns a TestService client on Dial(t, target, opts...).
 func Client(t testing.TB, target string, opts ...grpc.DialOption) testpb.TestServiceClient {
+	t.Helper()
+	return testpb.NewTestServiceClient(Dial(t, target, opts...))
+}
+
+// Dial returns a real grpc-go channel to target (host:port) with insecure
+// credentials (h2c) and grpc-go's own retries off, so that every retry a
+// test sees is the proxy's. The channel is closed when the test ends.
+func Dial(t testing.TB, target string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	opts = append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -345,5 +350,5 @@ func Client(t testing.TB, target string, opts ...grpc.DialOption) testpb.TestSer
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return testpb.NewTestServiceClient(cc)
+	return cc
 }
