@@ -37,6 +37,7 @@ const (
 	stateNew                     // accepted, its first request not begun
 	stateActive                  // reading, forwarding or answering one
 	stateTunnel                  // CONNECT tunnel or passthrough
+	stateH2                      // an HTTP/2 connection, served by its own net/http server (h2)
 )
 
 // conn is one client connection.
@@ -67,6 +68,9 @@ type conn struct {
 	// on (switched): the loop pipes the client to it once the request's
 	// hold on the pod's limits is given back.
 	upgradedTo io.ReadWriteCloser
+	// h2 is the connection's HTTP/2 server, once its client spoke the
+	// HTTP/2 preface (serveH2).
+	h2 *h2conn
 }
 
 // Lingering close: how long and how much of the client's remaining input
@@ -300,6 +304,12 @@ func (c *conn) begin() bool {
 				return false // passed through, or gone
 			}
 		}
+		if proto == ProtoHTTP2 {
+			// HTTP/2 with prior knowledge: served (h2.go), never learned
+			// as a destination to pass through.
+			c.serveH2()
+			return false
+		}
 		if proto != ProtoHTTP1 {
 			c.learn(proto)
 			c.passthrough(proto, c.dstAddr, nil)
@@ -407,28 +417,28 @@ func (c *conn) next() bool {
 	*hb = head[:0]
 	if err != nil {
 		if c.s.cut.Load() && !errors.Is(err, io.EOF) {
-			c.shutdownAnswer(nil, newRequestID(), start, "egret shut down while the request head was being read")
+			c.shutdownAnswer(c, nil, newRequestID(), start, "egret shut down while the request head was being read")
 			return false
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			c.refuse(nil, newRequestID(), start, http.StatusRequestTimeout, "request header not received in time")
+			c.refuse(c, nil, newRequestID(), start, http.StatusRequestTimeout, "request header not received in time")
 			return false
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 			return false
 		}
-		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
+		c.refuse(c, nil, newRequestID(), start, statusOf(err), err.Error())
 		return false
 	}
 	req, order, err := parseHead(head)
 	if err != nil {
-		c.refuse(nil, newRequestID(), start, statusOf(err), err.Error())
+		c.refuse(c, nil, newRequestID(), start, statusOf(err), err.Error())
 		return false
 	}
 	if c.s.cut.Load() {
 		// A request that arrived as Shutdown's grace ended: none of it
 		// went anywhere.
-		c.shutdownAnswer(req, newRequestID(), start, "egret shut down as the request came")
+		c.shutdownAnswer(c, req, newRequestID(), start, "egret shut down as the request came")
 		return false
 	}
 	keep := c.handle(req, order, head, start)
@@ -460,9 +470,9 @@ func (c *conn) pipeUpgraded(up io.ReadWriteCloser) {
 // refuse answers a request the proxy will not forward. The connection is
 // closed afterwards when req is nil (the stream cannot be trusted) or the
 // request asked for it.
-func (c *conn) refuse(req *http.Request, id string, start time.Time, status int, msg string) {
+func (c *conn) refuse(w answerer, req *http.Request, id string, start time.Time, status int, msg string) {
 	c.s.cfg.Metrics.request(labelRejected)
-	c.answer(req, &answer{id: id, status: status, msg: msg, close: true})
+	w.answer(req, &answer{id: id, status: status, msg: msg, close: true})
 	l := requestLog{id: id, outcome: labelRejected, status: status, start: start, err: msg}
 	if req != nil {
 		l.method, l.u = req.Method, req.URL
@@ -483,9 +493,9 @@ type answer struct {
 
 // answer writes a's response. It reports whether it was written.
 func (c *conn) answer(req *http.Request, a *answer) bool {
-	body := ""
-	if a.msg != "" {
-		body = "egret: " + strings.TrimPrefix(a.msg, "egret: ") + "\n"
+	body := answerText(a.msg)
+	if body != "" {
+		body += "\n"
 	}
 	h := http.Header{}
 	for k, v := range a.extra {
@@ -680,10 +690,10 @@ func (c *conn) silent() Protocol {
 		cl = <-fromClient
 	}
 	c.c.SetReadDeadline(time.Time{})
-	if cl.err == nil && cl.proto == ProtoHTTP1 && len(ul.b) == 0 {
+	if cl.err == nil && (cl.proto == ProtoHTTP1 || cl.proto == ProtoHTTP2) && len(ul.b) == 0 {
 		up.Close()
 		cfg.Metrics.lateHTTP()
-		return ProtoHTTP1
+		return cl.proto
 	}
 	if cl.err != nil && !errors.Is(cl.err, os.ErrDeadlineExceeded) && c.br.Buffered() == 0 || c.s.cut.Load() {
 		// The client left (or Shutdown closed it) before a word, or
@@ -716,16 +726,16 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 	target := req.RequestURI
 	host, port, err := net.SplitHostPort(target)
 	if err != nil || host == "" || port == "" {
-		c.refuse(req, id, start, http.StatusBadRequest, "CONNECT needs host:port")
+		c.refuse(c, req, id, start, http.StatusBadRequest, "CONNECT needs host:port")
 		return
 	}
 	if err := c.s.connectAllowed(port); err != nil {
-		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		c.refuse(c, req, id, start, http.StatusForbidden, err.Error())
 		return
 	}
 	n, _ := strconv.Atoi(port)
 	if err := c.s.checkTarget(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), n); err != nil {
-		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		c.refuse(c, req, id, start, http.StatusForbidden, err.Error())
 		return
 	}
 	c.s.cfg.Metrics.tunnel()
@@ -734,7 +744,7 @@ func (c *conn) tunnel(req *http.Request, id string, start time.Time) {
 	up, err := c.s.cfg.Dial(ctx, "tcp", target)
 	cancel()
 	if errors.Is(err, ErrDestinationDenied) {
-		c.refuse(req, id, start, http.StatusForbidden, err.Error())
+		c.refuse(c, req, id, start, http.StatusForbidden, err.Error())
 		return
 	}
 	if err != nil {

@@ -115,10 +115,10 @@ func (c *conn) handle(req *http.Request, order []string, head []byte, start time
 	if c.passOn(req, head, id, start) {
 		return false
 	}
-	x, rf := c.prepare(req, order, id, start)
+	x, rf := c.prepare(req, order, id, start, c.bodySource(req))
 	defer c.release(x)
 	if rf != nil {
-		c.refused(req, id, start, rf)
+		c.refused(c, req, id, start, rf)
 		return false
 	}
 	res := c.s.runner.Run(&x.rx)
@@ -154,15 +154,22 @@ type refusal struct {
 	shutdown bool
 }
 
-// refused answers a request prepare refused.
-func (c *conn) refused(req *http.Request, id string, start time.Time, rf *refusal) {
+// answerer writes a response the proxy makes itself, in the protocol of
+// the request: an HTTP/1.1 connection (conn) or an HTTP/2 stream
+// (h2stream). It reports whether the answer was written.
+type answerer interface {
+	answer(req *http.Request, a *answer) bool
+}
+
+// refused answers a request prepare refused, through w.
+func (c *conn) refused(w answerer, req *http.Request, id string, start time.Time, rf *refusal) {
 	switch {
 	case rf.shutdown:
-		c.shutdownAnswer(req, id, start, rf.msg)
+		c.shutdownAnswer(w, req, id, start, rf.msg)
 	case rf.isLimit:
-		c.limitAnswer(req, id, start, rf.limit, rf.msg)
+		c.limitAnswer(w, req, id, start, rf.limit, rf.msg)
 	case rf.status != 0:
-		c.refuse(req, id, start, rf.status, rf.msg)
+		c.refuse(w, req, id, start, rf.status, rf.msg)
 	}
 }
 
@@ -172,7 +179,7 @@ func (c *conn) refused(req *http.Request, id string, start time.Time, rf *refusa
 // and the one value handed to the retry layer (build). Or it says why the
 // request is refused. What the exchange took of the pod's limits is given
 // back by release, refused or not.
-func (c *conn) prepare(req *http.Request, order []string, id string, start time.Time) (*exchange, *refusal) {
+func (c *conn) prepare(req *http.Request, order []string, id string, start time.Time, src source) (*exchange, *refusal) {
 	x := &exchange{ID: id}
 	tg, shorten, rf := c.admit(req, x)
 	if rf != nil {
@@ -180,7 +187,7 @@ func (c *conn) prepare(req *http.Request, order []string, id string, start time.
 	}
 	x.Identity = c.identity(tg)
 	rp := c.routePolicy(req, x.Identity, shorten)
-	if rf := c.takeBody(req, x, start); rf != nil {
+	if rf := c.takeBody(req, x, start, src); rf != nil {
 		return x, rf
 	}
 	return x, c.build(req, x, tg, rp, order)
@@ -217,6 +224,15 @@ func (c *conn) admit(req *http.Request, x *exchange) (tg target, shorten time.Du
 			return tg, 0, &refusal{status: http.StatusBadRequest, msg: "bad " + HeaderTimeoutMs + " " + strconv.Quote(v)}
 		}
 		shorten = time.Duration(ms) * time.Millisecond
+	}
+	if v := field(req.Header, headerGRPCTimeout); v != "" {
+		d, ok := grpcTimeout(v)
+		if !ok {
+			return tg, 0, &refusal{status: http.StatusBadRequest, msg: "bad " + headerGRPCTimeout + " " + strconv.Quote(v)}
+		}
+		if shorten == 0 || d < shorten {
+			shorten = d
+		}
 	}
 	return tg, shorten, nil
 }
@@ -267,8 +283,9 @@ func (c *conn) routePolicy(req *http.Request, ident Identity, shorten time.Durat
 
 // takeBody takes the pod's slot for one more request in flight (held
 // until it is answered), says 100 Continue when the client waits for it,
-// and reads the body: held, spooled or streamed once (spec section 1).
-func (c *conn) takeBody(req *http.Request, x *exchange, start time.Time) *refusal {
+// and reads the body from src: held, spooled or streamed once (spec
+// section 1).
+func (c *conn) takeBody(req *http.Request, x *exchange, start time.Time, src source) *refusal {
 	cfg := &c.s.cfg
 	q := cfg.Quota
 	if !q.takeRequest() {
@@ -276,7 +293,7 @@ func (c *conn) takeBody(req *http.Request, x *exchange, start time.Time) *refusa
 			msg: fmt.Sprintf("this pod is at its limit of %d requests in flight", q.Limits().InFlight)}
 	}
 	x.slot = true
-	if field(req.Header, "Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
+	if src.h1 && field(req.Header, "Expect") != "" && (req.ContentLength != 0 || chunked(req)) {
 		c.c.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
 		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 		if c.bw.Flush() != nil {
@@ -284,7 +301,7 @@ func (c *conn) takeBody(req *http.Request, x *exchange, start time.Time) *refusa
 		}
 	}
 	var err error
-	x.body, x.g, x.hold, err = c.readBody(req, x.Identity.Upstream.Body, start)
+	x.body, x.g, x.hold, err = c.readBody(req, x.Identity.Upstream.Body, start, src)
 	if err == nil {
 		return nil
 	}
@@ -317,8 +334,18 @@ func (c *conn) build(req *http.Request, x *exchange, tg target, rp policy.Retry,
 		x.rx.Bulkhead = b
 	}
 	proto := up.Protocol
-	if x.upgrade {
+	switch {
+	case x.upgrade:
 		proto = policy.ProtocolHTTP1
+	case req.ProtoMajor == 2:
+		// A pod's HTTP/2 goes on as HTTP/2, whatever the entry says: a
+		// gRPC call (trailers, streams both ways) cannot be carried by
+		// HTTP/1.1. With prior knowledge (h2c), or h2 where the entry
+		// originates TLS.
+		proto = policy.ProtocolH2C
+		if up.TLS.Enabled {
+			proto = policy.ProtocolH2
+		}
 	}
 	var err error
 	x.rx.Base, err = c.s.bases.get(up, x.Identity.Host, proto)
@@ -399,10 +426,10 @@ func unaskedSwitch(res retry.Result) retry.Result {
 
 // shutdownAnswer answers a request that Shutdown ended before any of it
 // was sent upstream: 503 not-sent, logged.
-func (c *conn) shutdownAnswer(req *http.Request, id string, start time.Time, msg string) {
+func (c *conn) shutdownAnswer(w answerer, req *http.Request, id string, start time.Time, msg string) {
 	notSent := engine.OutcomeNotSent.String()
 	c.s.cfg.Metrics.request(notSent)
-	c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
+	w.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
 	l := requestLog{id: id, outcome: notSent, status: http.StatusServiceUnavailable, start: start, err: msg}
 	if req != nil {
 		l.method, l.u = req.Method, req.URL
@@ -412,11 +439,11 @@ func (c *conn) shutdownAnswer(req *http.Request, id string, start time.Time, msg
 
 // limitAnswer answers a request its pod has no room for: 503 not-sent
 // (nothing of it went upstream), counted and logged.
-func (c *conn) limitAnswer(req *http.Request, id string, start time.Time, kind int, msg string) {
+func (c *conn) limitAnswer(w answerer, req *http.Request, id string, start time.Time, kind int, msg string) {
 	c.s.limitRefused(kind)
 	notSent := engine.OutcomeNotSent.String()
 	c.s.cfg.Metrics.request(notSent)
-	c.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
+	w.answer(req, &answer{id: id, status: http.StatusServiceUnavailable, outcome: notSent, msg: msg, close: true})
 	c.logRequest(requestLog{id: id, method: req.Method, u: req.URL, outcome: notSent,
 		status: http.StatusServiceUnavailable, start: start, err: msg})
 }
@@ -477,8 +504,8 @@ func (c *conn) target(req *http.Request) (target, error) {
 // that may go to a spool file, a descriptor. A body that would pass the
 // pod's limit fails with ErrLimit; one with no descriptor for its file,
 // with ErrNoDescriptors.
-func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time) (b *spool.Body, g *guard, hold spoolHold, err error) {
-	src := bodyReader(req, c.br)
+func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time, s source) (b *spool.Body, g *guard, hold spoolHold, err error) {
+	src := s.r
 	if src == nil {
 		return nil, nil, spoolHold{}, nil
 	}
@@ -488,8 +515,8 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Tim
 	}
 	q := c.s.cfg.Quota
 	var charge *spoolCharge
-	g = &guard{c: c.c}
-	var r io.Reader = &deadlineReader{c: c.c, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut, detached: &g.stop}
+	g = &guard{c: s.rd}
+	var r io.Reader = &deadlineReader{c: s.rd, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut, detached: &g.stop}
 	switch {
 	case cl < 0:
 		charge = &spoolCharge{r: r, q: q}
@@ -519,6 +546,27 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Tim
 	return b, g, hold, err
 }
 
+// source is where a request's body comes from: r is the body (nil: the
+// request has none), rd sets the deadlines of its reads. On an HTTP/1.1
+// connection (h1) r decodes the body's framing from the connection's
+// reader, rd is the connection, and the client that waits for 100
+// Continue is told to go on; on an HTTP/2 stream r is the stream's body
+// and rd the stream's http.ResponseController (net/http's server says 100
+// Continue itself, on the body's first read).
+type source struct {
+	r  io.Reader
+	rd readDeadliner
+	h1 bool
+}
+
+// readDeadliner sets the deadline of a body's reads.
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
+// bodySource is the source of the body of req, a request on c.
+func (c *conn) bodySource(req *http.Request) source {
+	return source{r: bodyReader(req, c.br), rd: c.c, h1: true}
+}
+
 // errDetached: the body's connection was taken back from the transport.
 var errDetached = errors.New("request body detached from its connection")
 
@@ -527,7 +575,7 @@ var errDetached = errors.New("request body detached from its connection")
 // reset and pooled when the connection ends).
 type guard struct {
 	r  io.Reader
-	c  net.Conn
+	c  readDeadliner
 	mu sync.Mutex
 	// stop is set by detach; the body's deadlineReader checks it after
 	// each deadline it sets.
@@ -562,7 +610,7 @@ func (g *guard) detach() {
 // (Shutdown's grace is over) or detached (the connection took its reader
 // back, see guard.detach) its reads end at once.
 type deadlineReader struct {
-	c        net.Conn
+	c        readDeadliner
 	r        io.Reader
 	d        time.Duration
 	until    time.Time
@@ -680,6 +728,26 @@ func attemptsOf(tr *retry.Trace, err error) int {
 // answerFailure answers a request that got no response to relay (spec
 // section 6).
 func (c *conn) answerFailure(req *http.Request, x *exchange, res retry.Result, start time.Time, keep bool) bool {
+	f := c.failed(x, res)
+	ok := c.answer(req, &answer{id: x.ID, status: f.status, outcome: f.outcome.String(), attempts: f.attempts,
+		msg: res.Err.Error(), close: !keep})
+	c.logOutcome(req, x, f.attempts, f.outcome.String(), f.status, start, res.Err, f.tr)
+	return keep && ok
+}
+
+// failure is what a run that got no response to relay is answered with.
+type failure struct {
+	status   int
+	outcome  engine.Outcome
+	attempts int
+	tr       *retry.Trace
+}
+
+// failed ends the run of res, which got no response to relay, and works
+// out its answer (whatever the protocol it is written in): the status
+// and outcome of its error, its attempts; the outcome is counted and the
+// final trace stored.
+func (c *conn) failed(x *exchange, res retry.Result) failure {
 	err, tr := res.Err, res.Finish(nil) // complete already: the run ended with err
 	status, outcome := http.StatusBadGateway, engine.OutcomeFailed
 	var ae *retry.AmbiguousError
@@ -701,10 +769,7 @@ func (c *conn) answerFailure(req *http.Request, x *exchange, res retry.Result, s
 	c.s.cfg.Metrics.request(outcome.String())
 	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome.String(), n, tr)
 	c.s.putTrace(tr)
-	ok := c.answer(req, &answer{id: x.ID, status: status, outcome: outcome.String(), attempts: n,
-		msg: err.Error(), close: !keep})
-	c.logOutcome(req, x, n, outcome.String(), status, start, err, tr)
-	return keep && ok
+	return failure{status: status, outcome: outcome, attempts: n, tr: tr}
 }
 
 // cutAfterHead is the rule for a request that Shutdown's cut (its grace
@@ -743,28 +808,15 @@ func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start tim
 			res.Finish(nil)
 		}
 	}()
-	n := attemptsOf(tr, nil)
+	n, ambiguous := c.relayed(x, res)
+	outcome := outcomeLabel(ambiguous)
 	// The upstream's header is written as it is minus what removeHopHeaders
 	// would remove and the headers the proxy writes itself, without a copy.
-	conns := resp.Header["Connection"]
-	get := func(k string) string {
-		if namedBy(conns, k) {
-			return ""
-		}
-		return field(resp.Header, k)
+	cl := ""
+	if !namedBy(resp.Header["Connection"], "Content-Length") {
+		cl = field(resp.Header, "Content-Length")
 	}
-	cl := get("Content-Length")
-	// Egret-Outcome on a relayed response is the runner's mark of an
-	// ambiguous status, never the upstream's own header.
-	ambiguous := get(HeaderOutcome) == engine.OutcomeAmbiguous.String()
-	if tr != nil {
-		ambiguous = tr.Outcome == engine.OutcomeAmbiguous
-	}
-	outcome := outcomeLabel(ambiguous)
-	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
-		resp.StatusCode == http.StatusNotModified || resp.StatusCode < 200
-	c.s.cfg.Metrics.request(outcome)
-	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome, n, tr)
+	noBody := bodiless(req, resp)
 	status := resp.StatusCode
 	text := http.StatusText(status)
 	if _, t, ok := strings.Cut(resp.Status, " "); ok && t != "" {
@@ -828,6 +880,31 @@ func (c *conn) relay(req *http.Request, x *exchange, res retry.Result, start tim
 		return false
 	}
 	return keep
+}
+
+// relayed counts the relayed response of res and says its attempts and
+// whether its status is an ambiguous one.
+func (c *conn) relayed(x *exchange, res retry.Result) (attempts int, ambiguous bool) {
+	resp, tr := res.Response, res.Trace
+	n := attemptsOf(tr, nil)
+	// Egret-Outcome on a relayed response is the runner's mark of an
+	// ambiguous status, never the upstream's own header.
+	if tr != nil {
+		ambiguous = tr.Outcome == engine.OutcomeAmbiguous
+	} else if !namedBy(resp.Header["Connection"], HeaderOutcome) {
+		ambiguous = field(resp.Header, HeaderOutcome) == engine.OutcomeAmbiguous.String()
+	}
+	outcome := outcomeLabel(ambiguous)
+	c.s.cfg.Metrics.request(outcome)
+	c.s.cfg.Metrics.Workload(c.s.cfg.Source, x.Identity.Budget, x.Identity.Upstream != nil && x.Identity.Upstream.Named(), outcome, n, tr)
+	return n, ambiguous
+}
+
+// bodiless reports whether resp, the answer to req, has no body whatever
+// its header says.
+func bodiless(req *http.Request, resp *http.Response) bool {
+	return req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
+		resp.StatusCode == http.StatusNotModified || resp.StatusCode < 200
 }
 
 // copyBody streams a response body to the client, flushing as bytes come,
@@ -928,22 +1005,33 @@ func writeRelayedHeader(w *bufio.Writer, h http.Header) {
 	var buf [32]string
 	keys := buf[:0]
 	for k := range h {
-		if !relayExcludeBase[k] && !strings.HasPrefix(k, "Proxy-") && !namedBy(conns, k) {
+		if relayedField(conns, k) {
 			keys = append(keys, k)
 		}
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		if !httpguts.ValidHeaderFieldName(k) {
-			continue
-		}
 		for _, v := range h[k] {
-			if strings.ContainsAny(v, "\r\n") {
-				v = newlineToSpace.Replace(v)
-			}
-			writeField(w, k, textproto.TrimString(v))
+			writeField(w, k, relayedValue(v))
 		}
 	}
+}
+
+// relayedField reports whether a relayed response keeps its field k
+// (canonical): not one of relayExcludeBase, a Proxy-* field, one a
+// Connection field (conns) names, or one with an invalid name.
+func relayedField(conns []string, k string) bool {
+	return !relayExcludeBase[k] && !strings.HasPrefix(k, "Proxy-") && !namedBy(conns, k) &&
+		httpguts.ValidHeaderFieldName(k)
+}
+
+// relayedValue is a relayed field's value v as http.Header.Write gives it:
+// CR and LF turned into spaces, trimmed.
+func relayedValue(v string) string {
+	if strings.ContainsAny(v, "\r\n") {
+		v = newlineToSpace.Replace(v)
+	}
+	return textproto.TrimString(v)
 }
 
 var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")

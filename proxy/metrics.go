@@ -27,6 +27,7 @@ type Metrics struct {
 	ptFailures  *prometheus.CounterVec
 	learned     *prometheus.CounterVec
 	lateHTTPs   prometheus.Counter
+	h2Conns     prometheus.Counter
 	tunnels     prometheus.Counter
 	rejections  *prometheus.CounterVec
 	conns       prometheus.Gauge
@@ -95,7 +96,11 @@ func NewMetricsWith(reg prometheus.Registerer, o WorkloadOptions) (*Metrics, err
 		}, []string{"protocol"}),
 		lateHTTPs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "egret_proxy_late_http_connections_total",
-			Help: "Transparent connections silent past the sniff timeout whose client then sent HTTP/1.x before the destination spoke: served as HTTP, not passed through.",
+			Help: "Transparent connections silent past the sniff timeout whose client then sent HTTP/1.x or the HTTP/2 preface before the destination spoke: served as HTTP, not passed through.",
+		}),
+		h2Conns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egret_proxy_h2_connections_total",
+			Help: "Transparent connections whose client spoke the HTTP/2 preface (h2c with prior knowledge, as gRPC does): served as HTTP/2, each stream a request forwarded with retries.",
 		}),
 		tunnels: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "egret_proxy_connect_tunnels_total",
@@ -121,7 +126,7 @@ func NewMetricsWith(reg prometheus.Registerer, o WorkloadOptions) (*Metrics, err
 	for _, l := range limitLabels { // defined from the start, for rate()
 		m.limits.WithLabelValues(l)
 	}
-	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.tunnels, m.rejections, m.conns, m.mismatches, m.ptFailures, m.learned, m.limits, m.work); err != nil {
+	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.h2Conns, m.tunnels, m.rejections, m.conns, m.mismatches, m.ptFailures, m.learned, m.limits, m.work); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -230,6 +235,12 @@ func (m *Metrics) learnedDirect(p Protocol) {
 func (m *Metrics) lateHTTP() {
 	if m != nil {
 		m.lateHTTPs.Inc()
+	}
+}
+
+func (m *Metrics) servedH2() {
+	if m != nil {
+		m.h2Conns.Inc()
 	}
 }
 

@@ -331,6 +331,11 @@ func (s *Server) cutInFlight() {
 			// what it got for the whole (a body that ends with the
 			// connection would look complete).
 			closeWithReset(c.c)
+		case c.state == stateH2:
+			// Its streams' reads from the client end now (their attempts
+			// are cancelled above); each is answered as a request on
+			// HTTP/1.1 is, and the connection ends after its GOAWAY.
+			c.h2.interrupt()
 		case c.state == stateActive, c.state == stateNew:
 			// A read from the client (a request head or body) ends now;
 			// the conn answers it 503 not-sent. The reader checks cut
@@ -400,7 +405,12 @@ func (s *Server) closeIdleConns(closeNew bool) int {
 	s.mu.Lock()
 	var woken []*conn
 	for c := range s.conns {
-		if c.state == stateIdle || closeNew && c.state == stateNew {
+		switch {
+		case c.state == stateH2 && !c.h2.goingAway:
+			// No new stream; the connection ends once its streams are
+			// answered.
+			c.h2.goAway()
+		case c.state == stateIdle || closeNew && c.state == stateNew:
 			c.c.Close()
 			woken = s.wake(woken, c)
 		}

@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// h2cUpstream serves h with net/http's HTTP/2 server, prior knowledge over
+// cleartext, on loopback.
+func h2cUpstream(t *testing.T, h http.HandlerFunc) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, Protocols: h2cProtocols}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln
+}
+
+// h2cClient speaks HTTP/2 with prior knowledge to whatever address it
+// dials (the proxy, which takes the upstream for the original
+// destination).
+func h2cClient(addr string) *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{
+		Protocols: &p,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		},
+	}, Timeout: 10 * time.Second}
+}
+
+// A GET over h2c from a pod is forwarded upstream over h2c and retried
+// after a 503, as on HTTP/1.1: the client gets the second answer, with
+// egret's fields, the upstream's trailers and the protocol it spoke.
+func TestH2CRetriesAStream(t *testing.T) {
+	var n atomic.Int32
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 2 {
+			t.Errorf("upstream got %s, want HTTP/2", r.Proto)
+		}
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Trailer", "X-Sum")
+		io.WriteString(w, "ok "+r.URL.Path)
+		w.Header().Set("X-Sum", "42")
+	})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, up)}})
+	resp, err := h2cClient(p.addr).Get("http://svc.example/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 || string(body) != "ok /a" {
+		t.Fatalf("got %s %d %q", resp.Proto, resp.StatusCode, body)
+	}
+	if got := resp.Header.Get(HeaderAttempts); got != "2" {
+		t.Fatalf("Egret-Attempts %q, want 2", got)
+	}
+	if resp.Header.Get(HeaderRequestID) == "" {
+		t.Fatal("no Egret-Request-Id")
+	}
+	if got := resp.Trailer.Get("X-Sum"); got != "42" {
+		t.Fatalf("trailer X-Sum %q", got)
+	}
+	if n.Load() != 2 {
+		t.Fatalf("upstream saw %d requests, want 2", n.Load())
+	}
+}
+
+// A POST whose upstream stream is reset after the request was read is
+// not retried and is answered ambiguous; a gRPC call gets that as
+// Trailers-Only with grpc-status UNKNOWN.
+func TestH2CResetAfterReadIsAmbiguous(t *testing.T) {
+	var n atomic.Int32
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		n.Add(1)
+		panic(http.ErrAbortHandler) // RST_STREAM after the whole request was read
+	})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, up)}})
+	c := h2cClient(p.addr)
+	for _, grpc := range []bool{false, true} {
+		n.Store(0)
+		req, _ := http.NewRequest(http.MethodPost, "http://svc.example/pkg.S/M", strings.NewReader("call"))
+		if grpc {
+			req.Header.Set("Content-Type", "application/grpc")
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := resp.Header.Get(HeaderOutcome); got != "ambiguous" {
+			t.Fatalf("grpc=%v: Egret-Outcome %q, want ambiguous (status %d)", grpc, got, resp.StatusCode)
+		}
+		if n.Load() != 1 {
+			t.Fatalf("grpc=%v: upstream ran it %d times", grpc, n.Load())
+		}
+		if !grpc {
+			if resp.StatusCode != http.StatusBadGateway {
+				t.Fatalf("status %d, want 502", resp.StatusCode)
+			}
+			continue
+		}
+		if resp.StatusCode != 200 || resp.Header.Get("Grpc-Status") != "2" ||
+			!strings.Contains(resp.Header.Get("Grpc-Message"), "ambiguous") {
+			t.Fatalf("gRPC answer %d grpc-status %q grpc-message %q", resp.StatusCode,
+				resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message"))
+		}
+	}
+}
+
+// Shutdown tells an HTTP/2 client GOAWAY; a stream in flight is still
+// answered, and the connection ends after it.
+func TestH2CShutdownGoAway(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(w, "late")
+	})
+	s, err := New(Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, up)}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	c := h2cClient(ln.Addr().String())
+	got := make(chan string, 1)
+	go func() {
+		resp, err := c.Get("http://svc.example/slow")
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- string(b)
+	}()
+	<-arrived
+	done := make(chan error, 1)
+	go func() { done <- s.Shutdown(context.Background()) }()
+	close(release)
+	if b := <-got; b != "late" {
+		t.Fatalf("stream in flight at shutdown got %q", b)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
