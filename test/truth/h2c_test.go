@@ -51,6 +51,9 @@ func TestTruthH2C(t *testing.T) {
 	const workers = 32
 	c := h2cClient(addr, res)
 	specs := plan(seed, n)
+	for i := range specs {
+		specs[i].h2client = true
+	}
 	answers := make([]answer, n)
 
 	start := time.Now()

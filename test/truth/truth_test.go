@@ -75,6 +75,10 @@ type spec struct {
 	size    int
 	chunked bool
 	fault   ledger.Fault
+	// h2client: the client speaks HTTP/2 to egret (TestTruthH2C), and
+	// egret carries a pod's HTTP/2 on as HTTP/2 whatever the entry's
+	// protocol (a gRPC call cannot go as HTTP/1.1).
+	h2client bool
 }
 
 // row is the fault-table row of a spec.
@@ -90,7 +94,7 @@ func (s spec) row() string {
 
 // proto is the protocol the test policy makes egret speak to the target.
 func (s spec) proto() string {
-	if s.target == targetH2C || s.target == targetTLS {
+	if s.h2client || s.target == targetH2C || s.target == targetTLS {
 		return "HTTP/2.0"
 	}
 	return "HTTP/1.1"
