@@ -170,3 +170,57 @@ func TestH2CShutdownGoAway(t *testing.T) {
 		t.Fatalf("Shutdown: %v", err)
 	}
 }
+
+// A gRPC call answered Trailers-Only UNAVAILABLE is retried only where
+// the policy declares its method idempotent (a gRPC call is a POST); a
+// RESOURCE_EXHAUSTED whose pushback is negative never is.
+func TestH2CGRPCStatusRules(t *testing.T) {
+	var n atomic.Int32
+	var first atomic.Value // the grpc-status of each call's first answer
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/grpc")
+		if n.Add(1) == 1 {
+			code := first.Load().(string)
+			w.Header().Set("Grpc-Status", code)
+			if code == "8" {
+				w.Header().Set("Grpc-Retry-Pushback-Ms", "-1")
+			}
+			w.WriteHeader(http.StatusOK) // Trailers-Only
+			return
+		}
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.Write([]byte{0, 0, 0, 0, 0})
+		w.Header().Set("Grpc-Status", "0")
+	})
+	pol := mustPolicy(t, "defaults:\n  backoff: {kind: full, base: 1ms, max: 1ms}\n  routes:\n    - {method: POST, path_prefix: /pkg.Idem/, idempotent: true}\n")
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, up)}, Policy: pol})
+	c := h2cClient(p.addr)
+	for _, tc := range []struct {
+		path, code, wantStatus, wantAttempts string
+	}{
+		{"/pkg.Other/M", "14", "14", "1"},
+		{"/pkg.Idem/M", "14", "0", "2"},
+		{"/pkg.Idem/M", "8", "8", "1"},
+	} {
+		n.Store(0)
+		first.Store(tc.code)
+		req, _ := http.NewRequest(http.MethodPost, "http://svc.example"+tc.path, strings.NewReader("\x00\x00\x00\x00\x00"))
+		req.Header.Set("Content-Type", "application/grpc")
+		req.Header.Set("Te", "trailers")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got := resp.Header.Get("Grpc-Status")
+		if got == "" {
+			got = resp.Trailer.Get("Grpc-Status")
+		}
+		if got != tc.wantStatus || resp.Header.Get(HeaderAttempts) != tc.wantAttempts {
+			t.Errorf("%s first answer %s: grpc-status %q, attempts %q; want %q, %q", tc.path, tc.code,
+				got, resp.Header.Get(HeaderAttempts), tc.wantStatus, tc.wantAttempts)
+		}
+	}
+}

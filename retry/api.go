@@ -147,8 +147,12 @@ type Attempt struct {
 	Idle      time.Duration
 	IdleBound attempt.IdleBound
 	Status    int
-	Err       string
-	Decision  engine.Result
+	// RuleStatus is the status the rules read when it is not Status: a
+	// gRPC call's Trailers-Only UNAVAILABLE (503) or RESOURCE_EXHAUSTED
+	// (429) answer, for an idempotent call (grpcRule); 0 otherwise.
+	RuleStatus int
+	Err        string
+	Decision   engine.Result
 	// Budget is the upstream's retry tokens when the decision was taken,
 	// if it consulted them (BudgetRead: a success never does).
 	Budget     float64

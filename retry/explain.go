@@ -29,6 +29,9 @@ func (t *Trace) Explain() string {
 		}
 		if a.Failure == engine.CategoryNone {
 			fmt.Fprintf(&b, "status %d", a.Status)
+			if a.RuleStatus != 0 {
+				fmt.Fprintf(&b, " (gRPC Trailers-Only, read as %d)", a.RuleStatus)
+			}
 		} else {
 			fmt.Fprintf(&b, "%s", a.Failure)
 			if a.Status != 0 {

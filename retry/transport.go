@@ -854,16 +854,20 @@ func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
 	if !r.deadline.IsZero() {
 		in.HasDeadline, in.DeadlineRemaining = true, time.Until(r.deadline)
 	}
-	// A success is never retried and consults nothing: spare the budget's
-	// lock on the hot path.
-	if ar.resp == nil || rec.Status >= 400 {
-		in.BudgetTokens = r.budget.Tokens(now)
-	}
+	status := rec.Status
 	if ar.resp != nil {
-		in.Status = rec.Status
-		if s := rec.Status; s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable {
+		in.Status = status
+		if s, wait, hasWait, ok := grpcRule(ar.resp); ok && r.idempotent {
+			in.Status, in.RetryAfter, in.HasRetryAfter = s, wait, hasWait
+			rec.RuleStatus, status = s, s
+		} else if s := rec.Status; s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable {
 			in.RetryAfter, in.HasRetryAfter = parseRetryAfter(ar.resp.Header.Get("Retry-After"), now)
 		}
+	}
+	// A success is never retried and consults nothing: spare the budget's
+	// lock on the hot path.
+	if ar.resp == nil || status >= 400 {
+		in.BudgetTokens = r.budget.Tokens(now)
 	}
 	res := engine.Decide(&in, r.rn.rand())
 	if res.Decision == engine.Retry {
@@ -876,9 +880,9 @@ func (r *run) decide(rec *Attempt, ar *attemptResult) engine.Result {
 			res = engine.Result{Decision: engine.Deny, Reason: engine.ReasonBudgetExhausted}
 		}
 	}
-	rec.Budget, rec.BudgetRead = in.BudgetTokens, ar.resp == nil || rec.Status >= 400
+	rec.Budget, rec.BudgetRead = in.BudgetTokens, ar.resp == nil || status >= 400
 	rec.Decision = res
-	r.ledger.Record(rec.Evidence, rec.Failure, rec.Status, res)
+	r.ledger.Record(rec.Evidence, rec.Failure, status, res)
 	return res
 }
 
