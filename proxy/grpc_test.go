@@ -19,6 +19,7 @@ import (
 	"github.com/egret-proxy/egret/engine"
 	"github.com/egret-proxy/egret/internal/testkit/grpctest"
 	"github.com/egret-proxy/egret/internal/testkit/h2fault"
+	"github.com/egret-proxy/egret/internal/testkit/testenv"
 
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
@@ -43,7 +44,8 @@ func grpcPolicy(t *testing.T, extra string) PolicySource {
 }
 
 // idempotentRoute is a policy declaring the gRPC method (or service
-// prefix) at path idempotent for the upstream on loopback.
+// prefix) at path idempotent for the upstream on loopback (its address's
+// entry: the client's :authority is egret's loopback address).
 func idempotentRoute(path string) string {
 	return "upstreams:\n  - host: 127.0.0.1\n    routes:\n      - {method: POST, path_prefix: " + path + ", idempotent: true}\n"
 }
@@ -151,12 +153,19 @@ func TestGRPCNotProcessedRetried(t *testing.T) {
 	for _, act := range []h2fault.Action{h2fault.Refuse, h2fault.GoAwayBelow} {
 		t.Run(act.String(), func(t *testing.T) {
 			up := h2fault.Start(t, h2fault.Config{Plan: h2fault.Sequence(act), Message: h2faultMessage(t), GoAwayGrace: 200 * time.Millisecond})
-			c, _ := grpcVia(t, up.Addr, Config{Policy: grpcPolicy(t, "")})
+			c, p := grpcVia(t, up.Addr, Config{Policy: grpcPolicy(t, ""), Traces: NewTraces(16)})
 			resp, a := unary(callCtx(t), c, "x")
 			if a.err != nil || resp.GetUsername() != "h2fault" {
 				t.Fatalf("%v; response %v", a, resp)
 			}
 			checkGRPCEgret(t, a, "2")
+			// egret's trace of the stream (what `egret explain` shows):
+			// the first attempt not sent, the second answered.
+			if tr, ok := p.Traces().Get(a.get("egret-request-id")); !ok || len(tr.Attempts) != 2 {
+				t.Errorf("trace of %s: %+v (kept %v), want 2 attempts", a.get("egret-request-id"), tr, ok)
+			} else if ev := tr.Attempts[0].Evidence; ev != engine.NotSent {
+				t.Errorf("attempt 1's evidence %v, want not_sent", ev)
+			}
 			reqs := up.Requests()
 			if up.Executions() != 1 || len(reqs) != 2 {
 				t.Fatalf("upstream: %d executions, %d requests; want 1 execution of 2 requests", up.Executions(), len(reqs))
@@ -199,8 +208,13 @@ func TestGRPCEveryAttemptRefused(t *testing.T) {
 // grpc-message saying the outcome is ambiguous.
 func TestGRPCResetAfterReadAmbiguous(t *testing.T) {
 	up := h2fault.Start(t, h2fault.Config{Plan: h2fault.Sequence(h2fault.ResetAfterRead)})
-	c, _ := grpcVia(t, up.Addr, Config{Policy: grpcPolicy(t, "")})
+	c, p := grpcVia(t, up.Addr, Config{Policy: grpcPolicy(t, ""), Traces: NewTraces(16)})
 	_, a := unary(callCtx(t), c, "charge")
+	if tr, ok := p.Traces().Get(a.get("egret-request-id")); !ok || len(tr.Attempts) != 1 {
+		t.Errorf("trace of %s: %+v (kept %v), want 1 attempt", a.get("egret-request-id"), tr, ok)
+	} else if ev := tr.Attempts[0].Evidence; ev != engine.SentNoResponse {
+		t.Errorf("attempt 1's evidence %v, want sent_no_response", ev)
+	}
 	if a.code() != codes.Unknown {
 		t.Errorf("%v, want UNKNOWN", a)
 	}
@@ -338,6 +352,38 @@ func TestGRPCTimeoutBoundsDeadline(t *testing.T) {
 	}
 	if seen[0].Deadline.After(deadline.Add(50 * time.Millisecond)) {
 		t.Errorf("the upstream's deadline is %v after the client's", seen[0].Deadline.Sub(deadline))
+	}
+	if n := up.Executions(grpctest.UnaryCall); n != 1 {
+		t.Errorf("upstream ran it %d times, want 1", n)
+	}
+}
+
+// A client's cancel (RST_STREAM CANCEL) ends the stream's attempt: the
+// upstream's handler sees its call cancelled at once, long before the
+// policy's timeout or its own delay, and the call is not sent again.
+func TestGRPCClientCancelEndsAttempt(t *testing.T) {
+	up := grpctest.Start(t, func(grpctest.Call) grpctest.Plan { return grpctest.Plan{Fault: grpctest.Slow, Delay: time.Minute} })
+	c, _ := grpcVia(t, up.Addr, Config{Policy: grpcPolicy(t, idempotentRoute(grpctest.Service))})
+	ctx, cancel := context.WithCancel(callCtx(t))
+	done := make(chan grpcAnswer, 1)
+	go func() {
+		_, a := unary(ctx, c, "x")
+		done <- a
+	}()
+	// Cancel once the call reached the upstream's handler.
+	testenv.Eventually(t, 5*time.Second, "the call reaching the upstream", func() bool { return up.Executions(grpctest.UnaryCall) == 1 })
+	cancel()
+	if a := <-done; a.code() != codes.Canceled {
+		t.Errorf("%v, want CANCELLED", a)
+	}
+	wctx, wcancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer wcancel()
+	seen := up.WaitSeen(wctx, 1)
+	if len(seen) != 1 {
+		t.Fatal("the upstream's handler was not cancelled within 3 s of the client's RST_STREAM")
+	}
+	if seen[0].Status != codes.Canceled {
+		t.Errorf("the upstream's call ended %v, want CANCELLED", seen[0].Status)
 	}
 	if n := up.Executions(grpctest.UnaryCall); n != 1 {
 		t.Errorf("upstream ran it %d times, want 1", n)
