@@ -522,3 +522,61 @@ func TestGRPCDestinationNotLearned(t *testing.T) {
 		t.Fatalf("learned %v after an h2c connection", got)
 	}
 }
+
+// A client stream beyond the body limits is sent one-shot: refused, it
+// cannot be sent again, so egret answers not-sent itself after one attempt
+// (what the truth suite expects of an HTTP request with such a body), and
+// nothing ran.
+func TestGRPCOneShotBodyRefused(t *testing.T) {
+	up := h2fault.Start(t, h2fault.Config{Plan: func(int64, string) h2fault.Action { return h2fault.Refuse }})
+	pol := grpcPolicy(t, "upstreams:\n  - host: 127.0.0.1\n    body: {memory_limit: 16KiB, spool_limit: 64KiB}\n")
+	c, _ := grpcVia(t, up.Addr, Config{Policy: pol})
+	var a grpcAnswer
+	st, err := c.StreamingInputCall(callCtx(t), grpc.Header(&a.header), grpc.Trailer(&a.trailer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 32<<10)
+	for range 8 { // 256 KiB
+		if err := st.Send(&testpb.StreamingInputCallRequest{Payload: &testpb.Payload{Body: chunk}}); err != nil {
+			break // the answer came first: CloseAndRecv tells it
+		}
+	}
+	_, a.err = st.CloseAndRecv()
+	if a.code() != codes.Unavailable || a.get("egret-outcome") != engine.OutcomeNotSent.String() {
+		t.Errorf("%v, want UNAVAILABLE with egret-outcome not-sent", a)
+	}
+	checkGRPCEgret(t, a, "1")
+	if up.Executions() != 0 || len(up.Requests()) != 1 {
+		t.Fatalf("upstream: %d executions, %d requests; want 0 of 1", up.Executions(), len(up.Requests()))
+	}
+}
+
+// egret's graceful shutdown with a gRPC call in flight: the call
+// completes (GOAWAY lets the streams below it finish), once.
+func TestGRPCShutdownLetsCallFinish(t *testing.T) {
+	up := grpctest.Start(t, grpctest.Sequence(grpctest.Plan{Fault: grpctest.Slow, Delay: 500 * time.Millisecond}))
+	c, p := grpcVia(t, up.Addr, Config{Policy: grpcPolicy(t, "")})
+	done := make(chan grpcAnswer, 1)
+	go func() {
+		resp, a := unary(callCtx(t), c, "in flight")
+		if a.err == nil && string(resp.GetPayload().GetBody()) != "in flight" {
+			a.err = fmt.Errorf("body %q", resp.GetPayload().GetBody())
+		}
+		done <- a
+	}()
+	testenv.Eventually(t, 5*time.Second, "the call reaching the upstream", func() bool { return up.Executions(grpctest.UnaryCall) == 1 })
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	a := <-done
+	if a.err != nil {
+		t.Fatalf("the call in flight at shutdown: %v", a)
+	}
+	checkGRPCEgret(t, a, "1")
+	if n := up.Executions(grpctest.UnaryCall); n != 1 {
+		t.Errorf("upstream ran it %d times, want 1", n)
+	}
+}
