@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -576,6 +579,60 @@ func TestGRPCShutdownLetsCallFinish(t *testing.T) {
 		t.Fatalf("the call in flight at shutdown: %v", a)
 	}
 	checkGRPCEgret(t, a, "1")
+	if n := up.Executions(grpctest.UnaryCall); n != 1 {
+		t.Errorf("upstream ran it %d times, want 1", n)
+	}
+}
+
+// grpc-timeout alone bounds the call: a client that sends it and never
+// cancels (a raw HTTP/2 client, no deadline of its own) gets egret's
+// answer at the grpc-timeout, well before the policy's 5 s, and the
+// upstream's call ends with it.
+func TestGRPCTimeoutHeaderAlone(t *testing.T) {
+	up := grpctest.Start(t, func(grpctest.Call) grpctest.Plan { return grpctest.Plan{Fault: grpctest.Slow, Delay: time.Minute} })
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: up.Addr}, Policy: grpcPolicy(t, "")})
+	msg, err := proto.Marshal(&testpb.SimpleRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)
+	req, _ := http.NewRequestWithContext(callCtx(t), http.MethodPost, "http://grpc.test"+grpctest.UnaryCall, bytes.NewReader(frame))
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("TE", "trailers")
+	req.Header.Set("Grpc-Timeout", "300m")
+	start := time.Now()
+	resp, err := h2cClient(p.addr).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	code := resp.Header.Get("Grpc-Status")
+	if code == "" {
+		code = resp.Trailer.Get("Grpc-Status")
+	}
+	// The upstream read the call: its outcome is ambiguous, which egret
+	// says as UNKNOWN (DEADLINE_EXCEEDED, gRPC's own word for a call whose
+	// deadline passed, would say it as truly), never UNAVAILABLE or OK.
+	if resp.StatusCode != http.StatusOK || (code != strconv.Itoa(int(codes.Unknown)) && code != strconv.Itoa(int(codes.DeadlineExceeded))) {
+		t.Errorf("status %d, grpc-status %q (headers %v, trailers %v), want 200 with grpc-status 2 or 4", resp.StatusCode, code, resp.Header, resp.Trailer)
+	}
+	if o := resp.Header.Get(HeaderOutcome); o != engine.OutcomeAmbiguous.String() {
+		t.Errorf("%s = %q, want ambiguous: the upstream had the call", HeaderOutcome, o)
+	}
+	if took > 3*time.Second {
+		t.Errorf("answered after %v: grpc-timeout 300m did not bound the call", took)
+	}
+	wctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	seen := up.WaitSeen(wctx, 1)
+	if len(seen) != 1 {
+		t.Fatal("the upstream's call did not end within 3 s of the grpc-timeout")
+	}
+	if seen[0].Deadline.IsZero() || seen[0].Deadline.Sub(start) > 400*time.Millisecond {
+		t.Errorf("the upstream's deadline is %v after the call's start, want at most the grpc-timeout", seen[0].Deadline.Sub(start))
+	}
 	if n := up.Executions(grpctest.UnaryCall); n != 1 {
 		t.Errorf("upstream ran it %d times, want 1", n)
 	}
