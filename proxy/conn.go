@@ -227,7 +227,7 @@ func (r *prefixReader) Read(p []byte) (int, error) {
 	if !r.headDeadline.IsZero() {
 		r.c.SetReadDeadline(r.headDeadline)
 		r.headDeadline = time.Time{}
-		// After the deadline is set, as deadlineReader does.
+		// After the deadline is set, as a body's reads do (spool.Source).
 		if r.cut != nil && r.cut.Load() {
 			r.c.SetReadDeadline(aLongTimeAgo)
 		}

@@ -61,7 +61,6 @@ type exchange struct {
 
 	upgrade bool        // the request asks to switch protocols
 	body    *spool.Body // nil: none
-	g       *guard      // the body's hold on the client connection
 	hold    spoolHold   // the body's share of the pod's spool bytes and descriptors
 	slot    bool        // a request slot of the pod's InFlight is held
 }
@@ -301,7 +300,7 @@ func (c *conn) takeBody(req *http.Request, x *exchange, start time.Time, src sou
 		}
 	}
 	var err error
-	x.body, x.g, x.hold, err = c.readBody(req, x.Identity.Upstream.Body, start, src)
+	x.body, x.hold, err = c.readBody(req, x.Identity.Upstream.Body, start, src)
 	if err == nil {
 		return nil
 	}
@@ -401,7 +400,7 @@ func (c *conn) respond(req *http.Request, x *exchange, res retry.Result, start t
 		// still on the connection; the lingering close drains it, once the
 		// transport has let go of the connection's reader.
 		keep = false
-		x.g.detach()
+		body.Detach()
 	}
 	return keep
 }
@@ -494,60 +493,8 @@ func (c *conn) target(req *http.Request) (target, error) {
 	return target{url: u, host: host, port: int(c.dst.Port())}, nil
 }
 
-// readBody holds the request body as its size and the upstream's limits
-// say (nil: the request has none). The guard lets the connection take its
-// reader back from a one-shot body that the transport may still be reading.
-// hold is what the body took of the pod's spool bytes and of the node's
-// descriptors (given back once the request is answered, even on error): a
-// body of known length that will be held takes its length before a byte
-// is read; one of unknown length takes what it holds as it is read; one
-// that may go to a spool file, a descriptor. A body that would pass the
-// pod's limit fails with ErrLimit; one with no descriptor for its file,
-// with ErrNoDescriptors.
-func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time, s source) (b *spool.Body, g *guard, hold spoolHold, err error) {
-	src := s.r
-	if src == nil {
-		return nil, nil, spoolHold{}, nil
-	}
-	cl := req.ContentLength
-	if chunked(req) {
-		cl = -1
-	}
-	q := c.s.cfg.Quota
-	var charge *spoolCharge
-	g = &guard{c: s.rd}
-	var r io.Reader = &deadlineReader{c: s.rd, r: src, d: c.s.cfg.ReadTimeout, until: start.Add(c.s.cfg.RequestReadTimeout), cut: &c.s.cut, detached: &g.stop}
-	switch {
-	case cl < 0:
-		charge = &spoolCharge{r: r, q: q}
-		r = charge
-	case cl > 0 && cl <= max(lim.MemoryLimit, lim.SpoolLimit):
-		if !q.takeSpool(cl) {
-			return nil, nil, spoolHold{}, errSpoolLimit
-		}
-		hold.bytes = cl
-	}
-	if (cl < 0 || cl > lim.MemoryLimit) && lim.SpoolLimit > lim.MemoryLimit {
-		// It may go to a spool file: a descriptor for it.
-		if !q.takeSpoolFile() {
-			q.putSpool(hold.bytes)
-			return nil, nil, spoolHold{}, errNoSpoolFile
-		}
-		hold.file = true
-	}
-	g.r = r
-	b, err = spool.New(g, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
-	if charge != nil {
-		// What was read is what the body holds; the rest of a one-shot
-		// body is streamed, not held.
-		charge.stop = true
-		hold.bytes = charge.held
-	}
-	return b, g, hold, err
-}
-
 // source is where a request's body comes from: r is the body (nil: the
-// request has none), rd sets the deadlines of its reads. On an HTTP/1.1
+// request has none), rd what its reads wait on. On an HTTP/1.1
 // connection (h1) r decodes the body's framing from the connection's
 // reader, rd is the connection, and the client that waits for 100
 // Continue is told to go on; on an HTTP/2 stream r is the stream's body
@@ -555,82 +502,75 @@ func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Tim
 // Continue itself, on the body's first read).
 type source struct {
 	r  io.Reader
-	rd readDeadliner
+	rd spool.Deadliner
 	h1 bool
 }
-
-// readDeadliner sets the deadline of a body's reads.
-type readDeadliner interface{ SetReadDeadline(time.Time) error }
 
 // bodySource is the source of the body of req, a request on c.
 func (c *conn) bodySource(req *http.Request) source {
 	return source{r: bodyReader(req, c.br), rd: c.c, h1: true}
 }
 
-// errDetached: the body's connection was taken back from the transport.
-var errDetached = errors.New("request body detached from its connection")
-
-// guard serialises reads of a request body on the client connection with
-// detach, after which no read touches the connection's reader again (it is
-// reset and pooled when the connection ends).
-type guard struct {
-	r  io.Reader
-	c  readDeadliner
-	mu sync.Mutex
-	// stop is set by detach; the body's deadlineReader checks it after
-	// each deadline it sets.
-	stop atomic.Bool
-}
-
-func (g *guard) Read(p []byte) (int, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.stop.Load() {
-		return 0, errDetached
+// readBody holds the request body as its size and the upstream's limits
+// say (nil: the request has none), read from s as spool.Source bounds it:
+// ReadTimeout each read, RequestReadTimeout from start all of them,
+// Shutdown's cut at once. The body's Detach lets the connection take its
+// reader back from a one-shot body that the transport may still be
+// reading. hold is what the body took of the pod's spool bytes and of the
+// node's descriptors (given back once the request is answered, even on
+// error): a body of known length that will be held takes its length before
+// a byte is read; one of unknown length takes what it holds as it is read
+// (an HTTP/2 stream's, its memory limit at once); one that may go to a
+// spool file, a descriptor. A body that would pass the pod's limit fails
+// with ErrLimit; one with no descriptor for its file, with
+// ErrNoDescriptors.
+func (c *conn) readBody(req *http.Request, lim policy.BodyLimits, start time.Time, s source) (b *spool.Body, hold spoolHold, err error) {
+	if s.r == nil {
+		return nil, spoolHold{}, nil
 	}
-	return g.r.Read(p)
-}
-
-// detach stops the reads and returns once no read is in progress. A read
-// blocked on the client is interrupted by a deadline in the past: detach
-// sets stop and then that deadline, and the body's deadlineReader checks
-// stop after setting its own deadline, so whichever comes last is the
-// deadline in the past and the read ends at once (the pattern Shutdown's
-// cut uses). The read ends by that event; detach waits for it on the
-// guard's lock, not on a clock.
-func (g *guard) detach() {
-	g.stop.Store(true)
-	g.c.SetReadDeadline(aLongTimeAgo)
-	g.mu.Lock()
-	g.mu.Unlock()
-}
-
-// deadlineReader gives each read of a request body ReadTimeout, and all of
-// them together the request's deadline (until). Once cut is set
-// (Shutdown's grace is over) or detached (the connection took its reader
-// back, see guard.detach) its reads end at once.
-type deadlineReader struct {
-	c        readDeadliner
-	r        io.Reader
-	d        time.Duration
-	until    time.Time
-	cut      *atomic.Bool
-	detached *atomic.Bool
-}
-
-func (r *deadlineReader) Read(p []byte) (int, error) {
-	d := time.Now().Add(r.d)
-	if r.until.Before(d) {
-		d = r.until
+	src := spool.Source{R: s.r, Conn: s.rd, Each: c.s.cfg.ReadTimeout, Until: start.Add(c.s.cfg.RequestReadTimeout), Cut: &c.s.cut}
+	cl := req.ContentLength
+	if chunked(req) {
+		cl = -1
 	}
-	r.c.SetReadDeadline(d)
-	// Checked after the deadline is set: Shutdown sets cut (detach sets
-	// detached) and then a deadline in the past, so one of the two ends
-	// this read.
-	if r.cut.Load() || r.detached.Load() {
-		r.c.SetReadDeadline(aLongTimeAgo)
+	q := c.s.cfg.Quota
+	if cl < 0 && !s.h1 {
+		// An HTTP/2 stream of unknown length (a gRPC call) goes as it
+		// comes, its first MemoryLimit bytes kept for a retry: its client
+		// may wait for the answer before it sends the rest. What it may
+		// keep is taken at once.
+		if !q.takeSpool(lim.MemoryLimit) {
+			return nil, spoolHold{}, errSpoolLimit
+		}
+		return spool.ReadStream(src, lim.MemoryLimit), spoolHold{bytes: lim.MemoryLimit}, nil
 	}
-	return r.r.Read(p)
+	var charge *spoolCharge
+	switch {
+	case cl < 0:
+		charge = &spoolCharge{r: src.R, q: q}
+		src.R = charge
+	case cl > 0 && cl <= max(lim.MemoryLimit, lim.SpoolLimit):
+		if !q.takeSpool(cl) {
+			return nil, spoolHold{}, errSpoolLimit
+		}
+		hold.bytes = cl
+	}
+	if (cl < 0 || cl > lim.MemoryLimit) && lim.SpoolLimit > lim.MemoryLimit {
+		// It may go to a spool file: a descriptor for it.
+		if !q.takeSpoolFile() {
+			q.putSpool(hold.bytes)
+			return nil, spoolHold{}, errNoSpoolFile
+		}
+		hold.file = true
+	}
+	b, err = spool.Read(src, cl, spool.Limits{Memory: lim.MemoryLimit, Spool: lim.SpoolLimit, Dir: c.s.cfg.SpoolDir})
+	if charge != nil {
+		// What was read is what the body holds; the rest of a one-shot
+		// body is streamed, not held.
+		charge.stop = true
+		hold.bytes = charge.held
+	}
+	return b, hold, err
 }
 
 // outgoing builds the upstream request. Its header is the client
@@ -671,7 +611,16 @@ func (c *conn) outgoing(req *http.Request, tg target, body *spool.Body, x *excha
 		Header:     h,
 		Host:       req.Host,
 	}
-	x.req = *tmpl.WithContext(c.s.ctx) // WithContext's copy stays on the stack; the server's context only cancels
+	// The attempts end with the server's context (Shutdown's cut); an
+	// HTTP/2 stream's also ends when the client resets the stream or the
+	// connection ends (its server's BaseContext is the server's
+	// context), which is a client abort as a closed HTTP/1.1 connection
+	// is. Either only cancels.
+	ctx := c.s.ctx
+	if req.ProtoMajor == 2 {
+		ctx = req.Context()
+	}
+	x.req = *tmpl.WithContext(ctx) // WithContext's copy stays on the stack
 	out := &x.req
 	if c.s.cfg.Mode == Explicit {
 		out.Host = tg.url.Host
@@ -1208,11 +1157,6 @@ func viaLoops(h http.Header, pseudonym string) bool {
 	}
 	return false
 }
-
-var (
-	_ io.Reader = (*guard)(nil)
-	_ io.Reader = (*deadlineReader)(nil)
-)
 
 // retryPolicy is the one place the policy file's Retry becomes the attempt
 // runner's Policy.

@@ -70,6 +70,9 @@ func (c *conn) serveH2() {
 		IdleTimeout:    cfg.IdleTimeout,
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+		// Each stream's context ends with the server's too (Shutdown's
+		// cut), and forwarding sends its attempts with it.
+		BaseContext: func(net.Listener) context.Context { return c.s.ctx },
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			if st == http.StateClosed || st == http.StateHijacked {
 				close(ended)
@@ -143,7 +146,7 @@ func (h *h2conn) goAway() {
 }
 
 // interrupt ends the body reads of every stream being served (Shutdown's
-// cut, set before): a deadline in the past, the pattern deadlineReader
+// cut, set before): a deadline in the past, the pattern spool.Source
 // checks for.
 func (h *h2conn) interrupt() {
 	h.mu.Lock()
@@ -228,7 +231,7 @@ func (st *h2stream) relay(req *http.Request, x *exchange, res retry.Result, star
 	st.w.WriteHeader(resp.StatusCode)
 	var readErr, writeErr error
 	if !noBody {
-		readErr, writeErr = st.copyBody(resp.Body)
+		readErr, writeErr = st.copyBody(resp.Body, resp.ContentLength)
 	}
 	if readErr == nil && writeErr == nil {
 		relayFields(h, resp.Trailer, http.TrailerPrefix)
@@ -262,21 +265,26 @@ func relayFields(h, from http.Header, prefix string) {
 	}
 }
 
-// copyBody streams a response body to the stream, flushing as bytes come.
-// It returns the body's error (readErr, for the run's Finish) or the
-// stream's (writeErr).
-func (st *h2stream) copyBody(r io.Reader) (readErr, writeErr error) {
+// copyBody streams a response body to the stream, flushing as bytes come
+// but for the last ones (those that reach its length, or come with its
+// end): they go with the stream's end, in one DATA frame, when the
+// handler returns. It returns the body's error (readErr, for the run's
+// Finish) or the stream's (writeErr). length is the body's, -1 when
+// unknown.
+func (st *h2stream) copyBody(r io.Reader, length int64) (readErr, writeErr error) {
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
 	buf := *bufp
+	var sent int64
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			sent += int64(n)
 			st.rc.SetWriteDeadline(time.Now().Add(st.c.s.cfg.WriteTimeout))
 			if _, werr := st.w.Write(buf[:n]); werr != nil {
 				return nil, werr
 			}
-			if err == nil {
+			if err == nil && sent != length {
 				if werr := st.rc.Flush(); werr != nil {
 					return nil, werr
 				}

@@ -224,3 +224,74 @@ func TestH2CGRPCStatusRules(t *testing.T) {
 		}
 	}
 }
+
+// A stream's body goes upstream as it comes: a client that waits for the
+// first part of the answer before it sends the rest (a gRPC call
+// streaming both ways) is served, not held until its body ends.
+func TestH2CStreamsBothWays(t *testing.T) {
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		w.WriteHeader(http.StatusOK)
+		rc.Flush()
+		buf := make([]byte, 64)
+		for {
+			n, err := r.Body.Read(buf)
+			if n > 0 {
+				w.Write([]byte("echo " + string(buf[:n]) + ";"))
+				rc.Flush()
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, up)}})
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest(http.MethodPost, "http://svc.example/chat", pr)
+	req.Header.Set("Content-Type", "application/grpc")
+	go pw.Write([]byte("ping"))
+	resp, err := h2cClient(p.addr).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	want := "echo ping;"
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != want {
+		t.Fatalf("first answer %q, %v", got, err)
+	}
+	pw.Write([]byte("pong"))
+	pw.Close()
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "echo pong;" {
+		t.Fatalf("rest %q, %v", rest, err)
+	}
+	if resp.Header.Get(HeaderAttempts) != "1" {
+		t.Fatalf("attempts %q", resp.Header.Get(HeaderAttempts))
+	}
+}
+
+// A client's RST_STREAM ends its stream's attempt upstream: the upstream
+// sees its request's context end.
+func TestH2CClientResetCancelsAttempt(t *testing.T) {
+	arrived, gone := make(chan struct{}), make(chan struct{})
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-r.Context().Done()
+		close(gone)
+	})
+	p := startProxy(t, Config{Mode: Transparent, Resolver: &StaticResolver{Dst: addrPortOf(t, up)}})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://svc.example/slow", nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := h2cClient(p.addr).Do(req)
+		errc <- err
+	}()
+	<-arrived
+	cancel() // the client resets the stream
+	<-gone
+	if err := <-errc; err == nil {
+		t.Fatal("a cancelled request got an answer")
+	}
+}

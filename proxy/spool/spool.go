@@ -59,6 +59,8 @@ type Body struct {
 	// (the transport's writer). The flags are atomic so that Done and
 	// Release never wait for a read blocked on the client.
 	r      io.Reader
+	st     *stream // a NewStream body's state; nil otherwise
+	g      *guard  // the source's guard (Read, ReadStream); nil otherwise
 	eof    atomic.Bool
 	closed atomic.Bool
 	mu     sync.Mutex // serialises Reopen and Release
@@ -173,7 +175,12 @@ func shortErr(err error) error {
 }
 
 // BodyKind reports the body's replayability for the retry engine.
-func (b *Body) BodyKind() engine.Body { return b.kind }
+func (b *Body) BodyKind() engine.Body {
+	if b.st != nil && b.st.over.Load() {
+		return engine.BodyOneShot
+	}
+	return b.kind
+}
 
 // Len is the number of bytes of the body when known, else -1. A one-shot
 // body of known Content-Length reports it.
@@ -208,6 +215,9 @@ func (b *Body) Read(p []byte) (int, error) {
 // Done reports whether the first dispatch's reader reached the end of the
 // body, i.e. nothing of the client's stream is left unread.
 func (b *Body) Done() bool {
+	if b.st != nil {
+		return b.st.eof.Load()
+	}
 	return b.kind != engine.BodyOneShot || b.eof.Load()
 }
 
@@ -222,6 +232,8 @@ func (b *Body) Reopen() (io.ReadCloser, error) {
 		return nil, ErrClosed
 	case b.kind == engine.BodyOneShot:
 		return nil, ErrNotReplayable
+	case b.st != nil:
+		return b.st.reopen(b)
 	case b.file != nil:
 		return &reopened{b: b, r: io.NewSectionReader(b.file, 0, b.size)}, nil
 	}

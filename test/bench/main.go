@@ -28,6 +28,15 @@
 // open-loop generator in its own process that counts each request's
 // latency from the time it was meant to be sent (coordinated omission):
 // what a proxy adds is then its p50 or p99 less the direct run's.
+//
+// Last (-h2=false leaves it out), GETs with many requests in flight on few
+// HTTP/2 connections (h2c, prior knowledge), beside the same number on
+// HTTP/1.1 connections, driven by test/bench/streams against the same
+// upstream: direct, HAProxy (proto h2 on its bind line; h2 or HTTP/1.1 to
+// the upstream) and egret in transparent mode, the only one in which it
+// serves h2c: the generator runs as `egret run -- streams ...` (root), and
+// every answer must carry Egret-Attempts. Closed loop, then paced at
+// -h2-rate; see h2.go.
 package main
 
 import (
@@ -72,6 +81,10 @@ var (
 	paceN    = flag.Int("pace-conns", 16, "connections of the paced runs")
 	paced    = flag.Bool("paced", true, "after the wrk runs, measure latency at the fixed rate -rate (test/bench/pace)")
 	saturate = flag.Bool("saturate", true, "measure throughput at saturation with wrk (-saturate=false: the paced runs alone)")
+	h2       = flag.Bool("h2", true, "last, measure GETs on h2c connections beside HTTP/1.1 (test/bench/streams): direct, HAProxy (proto h2) and egret run (transparent)")
+	h2Conns  = flag.Int("h2-conns", 4, "h2c connections of the h2c section")
+	h2Stream = flag.Int("h2-streams", 16, "concurrent streams on each h2c connection (HTTP/1.1: h2-conns × h2-streams connections)")
+	h2Rate   = flag.Float64("h2-rate", 2000, "requests per second of the h2c section's paced runs, after its closed-loop ones (0: none)")
 )
 
 func main() {
@@ -115,8 +128,8 @@ type target struct {
 }
 
 func run() error {
-	if !*saturate && !*paced && *idleN <= 0 {
-		return errors.New("-saturate=false, -paced=false and -idle 0 leave nothing to measure")
+	if !*saturate && !*paced && !*h2 && *idleN <= 0 {
+		return errors.New("-saturate=false, -paced=false, -h2=false and -idle 0 leave nothing to measure")
 	}
 	if err := raiseFileLimit(*idleN); err != nil {
 		return err
@@ -137,13 +150,17 @@ func run() error {
 	}
 
 	// The upstream: a plain net/http server in this process, answering 64
-	// bytes after reading the whole request body.
+	// bytes after reading the whole request body; HTTP/1.1 and h2c (prior
+	// knowledge) on the same port, for the h2c section.
 	up, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
 	payload := []byte(strings.Repeat("x", 63) + "\n")
-	upSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var upProtos http.Protocols
+	upProtos.SetHTTP1(true)
+	upProtos.SetUnencryptedHTTP2(true)
+	upSrv := &http.Server{Protocols: &upProtos, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/plain")
 		w.Header().Set("Content-Length", strconv.Itoa(len(payload)))
@@ -161,6 +178,15 @@ func run() error {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("go build: %w", err)
+		}
+	}
+	var streamsBin string
+	if *h2 {
+		if *h2Conns <= 0 || *h2Stream <= 0 {
+			return errors.New("-h2-conns and -h2-streams must be positive")
+		}
+		if streamsBin, err = goBuild(dir, "streams"); err != nil {
+			return err
 		}
 	}
 	var paceBin string
@@ -188,7 +214,7 @@ func run() error {
 	defer stop(eg)
 
 	hpAddr := freeAddr()
-	hp, err := startHAProxy(dir, "haproxy", haproxyConfig(hpAddr, upAddr, false))
+	hp, err := startHAProxy(dir, "haproxy", haproxyConfig(hpAddr, upAddr, false, "", ""))
 	if err != nil {
 		return err
 	}
@@ -212,7 +238,7 @@ func run() error {
 		// HAProxy and Caddy writing one log line per request, as egret
 		// does; and the floor of a Go proxy: see test/bench/relay.
 		hplAddr := freeAddr()
-		hpl, err := startHAProxy(dir, "haproxy-log", haproxyConfig(hplAddr, upAddr, true))
+		hpl, err := startHAProxy(dir, "haproxy-log", haproxyConfig(hplAddr, upAddr, true, "", ""))
 		if err != nil {
 			return err
 		}
@@ -304,12 +330,16 @@ func run() error {
 			return err
 		}
 	}
+	var paceErr error
 	if *paced {
-		if err := measurePaced(paceBin, upAddr, targets, workloads); err != nil {
-			return errors.Join(satErr, err)
-		}
+		paceErr = measurePaced(paceBin, upAddr, targets, workloads)
+		fmt.Println()
 	}
-	return satErr
+	var h2Err error
+	if *h2 {
+		h2Err = measureStreams(dir, egret, streamsBin, upAddr, hpAddr, hp.Process.Pid)
+	}
+	return errors.Join(satErr, paceErr, h2Err)
 }
 
 // measureSaturation runs wrk against every target for each workload,
@@ -576,8 +606,9 @@ func startHAProxy(dir, name, cfg string) (*exec.Cmd, error) {
 
 // haproxyConfig is HAProxy's counterpart of egret's embedded defaults; with
 // logged, it writes one line per request to its standard output (a file),
-// as egret does.
-func haproxyConfig(listen, upstream string, logged bool) string {
+// as egret does. bindProto and serverProto are the protocols of its bind
+// and server lines ("h2" for HTTP/2 with prior knowledge, "" for HTTP/1.1).
+func haproxyConfig(listen, upstream string, logged bool, bindProto, serverProto string) string {
 	logGlobal, logDefaults := "", ""
 	if logged {
 		logGlobal = "    log stdout format raw local0 info\n"
@@ -596,11 +627,20 @@ defaults
     retries 2
     retry-on conn-failure empty-response response-timeout 503
 frontend fe
-    bind %s
+    bind %s%s
     default_backend be
 backend be
-    server up %s
-`, logGlobal, max(8000, *idleN+256), logDefaults, listen, upstream)
+    server up %s%s
+`, logGlobal, max(8000, *idleN+256), logDefaults, listen, protoOpt(bindProto), upstream, protoOpt(serverProto))
+}
+
+// protoOpt is HAProxy's "proto NAME" option of a bind or server line ("":
+// none, HTTP/1.1).
+func protoOpt(name string) string {
+	if name == "" {
+		return ""
+	}
+	return " proto " + name
 }
 
 // startCaddy checks and starts Caddy with the JSON config cfg; its output
