@@ -40,6 +40,9 @@ var h2cProtocols = func() *http.Protocols {
 	return &p
 }()
 
+// h2FullPreface is the client connection preface of HTTP/2.
+const h2FullPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
 // h2conn is a pod's HTTP/2 connection: its server, and the streams being
 // served (for Shutdown's cut).
 type h2conn struct {
@@ -57,6 +60,17 @@ type h2conn struct {
 // itself.
 func (c *conn) serveH2() {
 	cfg := &c.s.cfg
+	// The sniff saw the preface's first line; the whole of it must follow
+	// (RFC 9113 section 3.4: anything else is a connection error, and the
+	// connection just ends). net/http's server would answer it as
+	// HTTP/1.1 instead.
+	c.c.SetReadDeadline(time.Now().Add(cfg.SniffTimeout))
+	p, err := c.br.Peek(len(h2FullPreface))
+	c.c.SetReadDeadline(time.Time{})
+	if err != nil || string(p) != h2FullPreface {
+		cfg.Logger.Debug("not an HTTP/2 connection preface", "client", c.c.RemoteAddr().String(), "err", err)
+		return
+	}
 	// The server reads the connection itself, after the bytes the sniff
 	// buffered: c.br is not read again (end resets it once the server's
 	// reader may still be running).
