@@ -491,13 +491,9 @@ type answer struct {
 	extra    http.Header
 }
 
-// answer writes a's response. It reports whether it was written.
-func (c *conn) answer(req *http.Request, a *answer) bool {
-	body := answerText(a.msg)
-	if body != "" {
-		body += "\n"
-	}
-	h := http.Header{}
+// fields sets in h the header fields of an answer egret makes itself,
+// whatever its protocol: a's extra ones, then egret's own.
+func (a *answer) fields(h http.Header) {
 	for k, v := range a.extra {
 		h[k] = v
 	}
@@ -506,6 +502,16 @@ func (c *conn) answer(req *http.Request, a *answer) bool {
 	if a.outcome != "" {
 		h.Set(HeaderOutcome, a.outcome)
 	}
+}
+
+// answer writes a's response. It reports whether it was written.
+func (c *conn) answer(req *http.Request, a *answer) bool {
+	body := answerText(a.msg)
+	if body != "" {
+		body += "\n"
+	}
+	h := http.Header{}
+	a.fields(h)
 	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("Content-Length", strconv.Itoa(len(body)))

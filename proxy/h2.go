@@ -318,14 +318,7 @@ func (st *h2stream) copyBody(r io.Reader, length int64) (readErr, writeErr error
 // anything else gets a's status and a line of text, as on HTTP/1.1.
 func (st *h2stream) answer(req *http.Request, a *answer) bool {
 	h := st.w.Header()
-	for k, v := range a.extra {
-		h[k] = v
-	}
-	h.Set(HeaderRequestID, a.id)
-	h.Set(HeaderAttempts, strconv.Itoa(a.attempts))
-	if a.outcome != "" {
-		h.Set(HeaderOutcome, a.outcome)
-	}
+	a.fields(h)
 	st.rc.SetWriteDeadline(time.Now().Add(st.c.s.cfg.WriteTimeout))
 	if st.grpc {
 		h.Set("Content-Type", "application/grpc")
