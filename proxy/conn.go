@@ -535,7 +535,7 @@ func (c *conn) passthrough(proto Protocol, addr string, prefix []byte) {
 	c.s.cfg.Metrics.passedThrough(proto)
 	c.s.setState(c, stateTunnel)
 	sni := ""
-	if proto == ProtoTLS {
+	if proto == ProtoTLS && c.s.cfg.Metrics != nil {
 		sni = clientHelloSNI(c.c, c.br)
 	}
 	dest, named := c.flowDest(sni)
@@ -714,7 +714,7 @@ func (c *conn) silent() Protocol {
 	}
 	cfg.Metrics.passedThrough(proto)
 	c.s.setState(c, stateTunnel)
-	if proto == ProtoTLS {
+	if proto == ProtoTLS && cfg.Metrics != nil {
 		dest, named = c.flowDest(clientHelloSNI(c.c, c.br))
 	}
 	up.commit(cfg.Source, proto, dest, named)

@@ -338,7 +338,9 @@ func (f *flowConn) Close() error {
 // against.
 func newFlowConn(up net.Conn, m *Metrics, wit witness.Witness) *flowConn {
 	f := &flowConn{Conn: up, m: m, wit: wit}
-	f.base, _ = f.snapshot()
+	if m != nil { // nothing is counted without metrics
+		f.base, _ = f.snapshot()
+	}
 	return f
 }
 
@@ -368,7 +370,7 @@ func isReset(err error) bool {
 // A reset whose counters cannot be read is counted after ack: nothing
 // proves that no byte was delivered.
 func (f *flowConn) failed(err error) {
-	if !isReset(err) || !f.resetSeen.CompareAndSwap(false, true) {
+	if f.m == nil || !isReset(err) || !f.resetSeen.CompareAndSwap(false, true) {
 		return
 	}
 	o := flowResetAfterAck
