@@ -37,7 +37,9 @@ type DirectSummary struct {
 	ResetAfterAck  uint64 `json:"reset_after_ack"`
 	// DialFailed: a passthrough dial that failed otherwise.
 	DialFailed  uint64 `json:"dial_failed,omitempty"`
-	Retransmits uint64 `json:"retransmits"` // direct paths only
+	// Retransmits: segments retransmitted (SYNs included); for
+	// passthrough, by egret's upstream sockets, counted as they close.
+	Retransmits uint64 `json:"retransmits"`
 	// SafeToRetry: failures whose evidence would have been not_sent (a
 	// retry could have fixed them safely, whatever the method);
 	// Ambiguous: sent_no_response (safe only for idempotent requests).
@@ -60,7 +62,7 @@ func passthroughSummary(c proxy.PassthroughCounts) DirectSummary {
 		Protocol: string(c.Protocol), Destination: c.Destination, Connects: c.Connects,
 		Established: c.Established, Refused: c.Refused, TimedOut: c.TimedOut, Unreachable: c.Unreachable,
 		ResetBeforeAck: c.ResetBeforeAck, ResetAfterAck: c.ResetAfterAck, DialFailed: c.DialFailed,
-		SafeToRetry: c.SafeToRetry(), Ambiguous: c.ResetAfterAck}
+		Retransmits: c.Retransmits, SafeToRetry: c.SafeToRetry(), Ambiguous: c.ResetAfterAck}
 }
 
 // DirectTotals sums DirectSummary over the node's pods (egret status).

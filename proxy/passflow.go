@@ -98,7 +98,11 @@ type flowKey struct {
 type flowSeries struct {
 	last atomic.Int64 // unix nanoseconds of the last flow begun or ended
 	open atomic.Int64 // flows established and not yet closed: kept while > 0
-	n    [numFlowOutcomes]atomic.Uint64
+	// retrans and segs sum the closed flows' retransmitted segments
+	// (SYNs included) and data segments sent, read from the socket as it
+	// closes: their ratio is the retransmission rate.
+	retrans, segs atomic.Uint64
+	n             [numFlowOutcomes]atomic.Uint64
 }
 
 // passFlows is the collector of egret_proxy_passthrough_flows_total. A
@@ -110,13 +114,22 @@ type passFlows struct {
 	m         map[flowKey]*flowSeries
 	nextSweep int64
 	desc      *prometheus.Desc
+	retrans   *prometheus.Desc
+	segs      *prometheus.Desc
 }
 
 func newPassFlows(w *workloads) *passFlows {
 	return &passFlows{w: w, m: map[flowKey]*flowSeries{},
 		desc: prometheus.NewDesc("egret_proxy_passthrough_flows_total",
 			"Transparent connections egret passed through (not retried), by source pod, detected protocol, destination (a policy entry, by the TLS server name or the address; a Kubernetes Service; else \"other\") and outcome: connects (dials), established, refused, timed_out, unreachable, dial_failed, reset_before_ack and reset_after_ack (reset by the destination before or after any byte egret sent for the pod was acknowledged, as the kernel counted on egret's upstream socket), each failure with the evidence class it would have had had egret proxied it (not_sent: a retry was safe; sent_no_response: ambiguous for non-idempotent requests).",
-			[]string{"source_namespace", "source_pod", "source_workload", "protocol", "destination", "outcome", "evidence"}, nil)}
+			[]string{"source_namespace", "source_pod", "source_workload", "protocol", "destination", "outcome", "evidence"}, nil),
+		retrans: prometheus.NewDesc("egret_proxy_passthrough_retransmits_total",
+			"Retransmitted segments (SYNs included) of egret's upstream sockets of passthrough flows, summed as they close, by source pod, protocol and destination (as egret_proxy_passthrough_flows_total).",
+			[]string{"source_namespace", "source_pod", "source_workload", "protocol", "destination"}, nil),
+		segs: prometheus.NewDesc("egret_proxy_passthrough_segments_total",
+			"Data segments sent by egret's upstream sockets of passthrough flows, summed as they close (retransmission rate: retransmits / segments), by source pod, protocol and destination.",
+			[]string{"source_namespace", "source_pod", "source_workload", "protocol", "destination"}, nil),
+	}
 }
 
 // label is the destination label of dest: itself when named by the
@@ -203,7 +216,11 @@ func (f *passFlows) snapshot() ([]flowKey, []*flowSeries) {
 	return keys, ss
 }
 
-func (f *passFlows) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
+func (f *passFlows) Describe(ch chan<- *prometheus.Desc) {
+	ch <- f.desc
+	ch <- f.retrans
+	ch <- f.segs
+}
 
 func (f *passFlows) Collect(ch chan<- prometheus.Metric) {
 	keys, ss := f.snapshot()
@@ -212,6 +229,10 @@ func (f *passFlows) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(f.desc, prometheus.CounterValue, float64(ss[i].n[o].Load()),
 				k.ns, k.pod, k.workload, string(k.proto), k.dest, flowOutcomes[o].name, flowOutcomes[o].evidence)
 		}
+		ch <- prometheus.MustNewConstMetric(f.retrans, prometheus.CounterValue, float64(ss[i].retrans.Load()),
+			k.ns, k.pod, k.workload, string(k.proto), k.dest)
+		ch <- prometheus.MustNewConstMetric(f.segs, prometheus.CounterValue, float64(ss[i].segs.Load()),
+			k.ns, k.pod, k.workload, string(k.proto), k.dest)
 	}
 }
 
@@ -233,6 +254,8 @@ type PassthroughCounts struct {
 	// and after some were (sent_no_response).
 	ResetBeforeAck uint64
 	ResetAfterAck  uint64
+	// Retransmits and SegsOut of the flows closed so far.
+	Retransmits, SegsOut uint64
 }
 
 // SafeToRetry is the failures whose evidence is not_sent: a retry could
@@ -258,6 +281,7 @@ func (m *Metrics) PassthroughCounts() []PassthroughCounts {
 			Refused: n[flowRefused].Load(), TimedOut: n[flowTimedOut].Load(),
 			Unreachable: n[flowUnreachable].Load(), DialFailed: n[flowDialFailed].Load(),
 			ResetBeforeAck: n[flowResetBeforeAck].Load(), ResetAfterAck: n[flowResetAfterAck].Load(),
+			Retransmits: ss[i].retrans.Load(), SegsOut: ss[i].segs.Load(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -319,15 +343,24 @@ func (f *flowConn) CloseWrite() error {
 	return f.Conn.Close()
 }
 
-// Close closes the socket; a committed flow is no longer open.
+// Close closes the socket; a committed flow is no longer open, and its
+// retransmissions and data segments, read from the socket first, are
+// added to its series.
 func (f *flowConn) Close() error {
 	f.closeOnce.Do(func() {
 		f.mu.Lock()
 		s := f.series
 		f.mu.Unlock()
-		if s != nil {
-			s.open.Add(-1)
+		if s == nil {
+			return
 		}
+		if ctr, ok := f.snapshot(); ok {
+			s.retrans.Add(uint64(ctr.Retransmits))
+			if ctr.HasDataSegsOut {
+				s.segs.Add(ctr.DataSegsOut)
+			}
+		}
+		s.open.Add(-1)
 	})
 	return f.Conn.Close()
 }

@@ -160,6 +160,16 @@ func TestPassthroughFlowOutcomes(t *testing.T) {
 			t.Errorf("%s %s = %v, want %v", tc.proto, tc.outcome, got, tc.want)
 		}
 	}
+	// The flow that carried the pod's bytes sent at least one data
+	// segment; loopback retransmits none. The segments are added as
+	// egret closes its upstream socket, after the client's: no event
+	// the test sees.
+	testenv.Eventually(t, 5*time.Second, "segments counted", func() bool {
+		return promtest.CounterSum(t, reg, "egret_proxy_passthrough_segments_total", "source_pod", "web", "protocol", "tls") >= 1
+	})
+	if got := promtest.CounterSum(t, reg, "egret_proxy_passthrough_retransmits_total", "source_pod", "web"); got != 0 {
+		t.Errorf("retransmits = %v", got)
+	}
 	if got := promtest.CounterSum(t, reg, "egret_proxy_passthrough_flows_total", "source_pod", "db"); got != 0 {
 		t.Errorf("pod db counted %v", got)
 	}
@@ -437,6 +447,11 @@ func TestPassthroughFlowSeriesBounded(t *testing.T) {
 	}
 	if series != 5*int(numFlowOutcomes) {
 		t.Errorf("%d series, want %d", series, 5*int(numFlowOutcomes))
+	}
+	for _, mf := range mfs {
+		if name := mf.GetName(); (name == "egret_proxy_passthrough_retransmits_total" || name == "egret_proxy_passthrough_segments_total") && len(mf.GetMetric()) != 5 {
+			t.Errorf("%s: %d series, want 5", name, len(mf.GetMetric()))
+		}
 	}
 	total := promtest.CounterSum(t, reg, "egret_proxy_passthrough_flows_total", "outcome", "refused")
 	other := promtest.CounterSum(t, reg, "egret_proxy_passthrough_flows_total", "outcome", "refused", "destination", "other")

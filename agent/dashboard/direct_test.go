@@ -23,7 +23,7 @@ func (directNode) SummaryParts() agent.SummaryParts {
 		{Namespace: "shop", Pod: "db", Path: "direct_port", Connects: 5, Established: 5, ResetBeforeAck: 2,
 			SafeToRetry: 2},
 		{Namespace: "shop", Pod: "pay", Path: agent.PathPassthrough, Protocol: "tls", Destination: "api.example.com:443",
-			Connects: 7, Established: 6, Refused: 1, ResetAfterAck: 3, SafeToRetry: 1, Ambiguous: 3},
+			Connects: 7, Established: 6, Refused: 1, ResetAfterAck: 3, Retransmits: 4, SafeToRetry: 1, Ambiguous: 3},
 	}}
 }
 
@@ -62,7 +62,7 @@ func TestNodePageShowsDirect(t *testing.T) {
 	want := []string{
 		"shop/web|learned_direct|–|60|20|30|10|0|0|3|12|40",
 		"shop/db|direct_port|–|5|5|0|0|0|2|0|0|2",
-		"shop/pay|passthrough/tls|api.example.com:443|7|6|1|0|0|0|3|–|1",
+		"shop/pay|passthrough/tls|api.example.com:443|7|6|1|0|0|0|3|4|1",
 	}
 	if strings.Join(got.Rows, "\n") != strings.Join(want, "\n") {
 		t.Errorf("rows\n%s\nwant\n%s", strings.Join(got.Rows, "\n"), strings.Join(want, "\n"))

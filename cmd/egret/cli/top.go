@@ -226,12 +226,12 @@ func writeTop(w io.Writer, s agent.Summary, by, sock string) error {
 			if d.Namespace != "" {
 				name = d.Namespace + "/" + d.Pod
 			}
-			path, retrans := d.Path, strconv.FormatUint(d.Retransmits, 10)
+			path := d.Path
 			if d.Protocol != "" {
-				path, retrans = d.Path+"/"+d.Protocol, "-" // egret counts no retransmissions of its own sockets
+				path = d.Path + "/" + d.Protocol
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\n", name, path, dash(d.Destination), d.Connects, d.Established,
-				d.Refused, d.TimedOut, d.Unreachable, d.ResetBeforeAck, d.ResetAfterAck, retrans, d.SafeToRetry)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", name, path, dash(d.Destination), d.Connects, d.Established,
+				d.Refused, d.TimedOut, d.Unreachable, d.ResetBeforeAck, d.ResetAfterAck, d.Retransmits, d.SafeToRetry)
 			safe += d.SafeToRetry
 		}
 		fmt.Fprintf(tw, "(not retried by egret: %d failures a retry could have fixed safely, nothing of the pod's acked; RST-AFTER-ACK is ambiguous)\n\n", safe)

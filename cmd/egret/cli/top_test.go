@@ -233,7 +233,7 @@ func TestTopDirect(t *testing.T) {
 			TimedOut: 1, ResetAfterAck: 3, Retransmits: 6, SafeToRetry: 3, Ambiguous: 3},
 		{Namespace: "shop", Pod: "db", Path: "direct_port", Connects: 5, Established: 3, Unreachable: 2, SafeToRetry: 2},
 		{Namespace: "shop", Pod: "pay", Path: "passthrough", Protocol: "tls", Destination: "api.example.com:443",
-			Connects: 4, Established: 3, Refused: 1, ResetAfterAck: 3, SafeToRetry: 1, Ambiguous: 3},
+			Connects: 4, Established: 3, Refused: 1, ResetAfterAck: 3, Retransmits: 2, SafeToRetry: 1, Ambiguous: 3},
 	}}
 	var b strings.Builder
 	if err := writeTop(&b, s, "name", "sock"); err != nil {
@@ -244,7 +244,7 @@ func TestTopDirect(t *testing.T) {
 	want := map[string]string{
 		"shop/web": "learned_direct - 9 4 2 1 0 0 3 6 3",
 		"shop/db":  "direct_port - 5 3 0 0 2 0 0 0 2",
-		"shop/pay": "passthrough/tls api.example.com:443 4 3 1 0 0 0 3 - 1",
+		"shop/pay": "passthrough/tls api.example.com:443 4 3 1 0 0 0 3 2 1",
 	}
 	rows := 0
 	for _, l := range strings.Split(out, "\n") {
