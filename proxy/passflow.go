@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
-	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -516,32 +514,104 @@ func clientHelloSNI(nc net.Conn, br *bufio.Reader) string {
 	return helloServerName(b)
 }
 
-// errHelloRead ends the handshake helloServerName runs once the
-// ClientHello is parsed.
-var errHelloRead = errors.New("proxy: client hello read")
-
-// helloServerName parses a ClientHello with crypto/tls's own parser (a
-// server handshake over the bytes alone that stops once the hello is
-// read) and returns its server name.
+// helloServerName returns the server name (RFC 6066 server_name,
+// host_name) of the ClientHello that begins the TLS record b, "" when
+// there is none or b is not all of it. It reads the bytes in place (a
+// passthrough pays no more than finding the extension), and returns what
+// crypto/tls's own parser would (TestClientHelloSNI, FuzzHelloServerName).
 func helloServerName(b []byte) string {
-	var name string
-	cfg := &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		name = h.ServerName
-		return nil, errHelloRead
-	}}
-	_ = tls.Server(&helloConn{r: bytes.NewReader(b)}, cfg).Handshake()
-	return name
+	// The record: handshake (22), version, length.
+	if len(b) < 5 || b[0] != 0x16 {
+		return ""
+	}
+	rec := b[5:min(len(b), 5+int(binary.BigEndian.Uint16(b[3:5])))]
+	// The handshake message: client_hello (1), 24-bit length.
+	if len(rec) < 4 || rec[0] != 1 {
+		return ""
+	}
+	n := int(rec[1])<<16 | int(rec[2])<<8 | int(rec[3])
+	if len(rec) < 4+n {
+		return "" // continued in the next record: not all here
+	}
+	r := helloReader(rec[4 : 4+n])
+	if !r.skip(2+32) || !r.skip8() || !r.skip16() || !r.skip8() {
+		return ""
+	}
+	exts, ok := r.read16()
+	if !ok {
+		return ""
+	}
+	for len(exts) > 0 {
+		typ, ok1 := exts.uint16()
+		data, ok2 := exts.read16()
+		if !ok1 || !ok2 {
+			return ""
+		}
+		if typ != 0 { // server_name
+			continue
+		}
+		list, ok := data.read16()
+		if !ok || len(list) == 0 {
+			return ""
+		}
+		name := ""
+		for len(list) > 0 {
+			nameType := list[0]
+			list = list[1:]
+			v, ok := list.read16()
+			if !ok || len(v) == 0 {
+				return ""
+			}
+			if nameType != 0 {
+				continue
+			}
+			if name != "" || v[len(v)-1] == '.' {
+				return "" // two host names, or a trailing dot: refused
+			}
+			name = string(v)
+		}
+		return name
+	}
+	return ""
 }
 
-// helloConn is a net.Conn that reads the given bytes, then EOF, and drops
-// what is written (the alert of the handshake stopped).
-type helloConn struct{ r *bytes.Reader }
+// helloReader is what is left to read of a ClientHello.
+type helloReader []byte
 
-func (c *helloConn) Read(p []byte) (int, error)         { return c.r.Read(p) }
-func (c *helloConn) Write(p []byte) (int, error)        { return len(p), nil }
-func (c *helloConn) Close() error                       { return nil }
-func (c *helloConn) LocalAddr() net.Addr                { return &net.TCPAddr{} }
-func (c *helloConn) RemoteAddr() net.Addr               { return &net.TCPAddr{} }
-func (c *helloConn) SetDeadline(t time.Time) error      { return nil }
-func (c *helloConn) SetReadDeadline(t time.Time) error  { return nil }
-func (c *helloConn) SetWriteDeadline(t time.Time) error { return nil }
+func (h *helloReader) skip(n int) bool {
+	if len(*h) < n {
+		return false
+	}
+	*h = (*h)[n:]
+	return true
+}
+
+func (h *helloReader) uint16() (uint16, bool) {
+	if len(*h) < 2 {
+		return 0, false
+	}
+	v := binary.BigEndian.Uint16(*h)
+	*h = (*h)[2:]
+	return v, true
+}
+
+// skip8 and skip16 skip a vector with an 8- or 16-bit length.
+func (h *helloReader) skip8() bool {
+	return len(*h) >= 1 && h.skip(1+int((*h)[0]))
+}
+
+func (h *helloReader) skip16() bool {
+	_, ok := h.read16()
+	return ok
+}
+
+// read16 reads a vector with a 16-bit length.
+func (h *helloReader) read16() (helloReader, bool) {
+	n, ok := h.uint16()
+	if !ok || len(*h) < int(n) {
+		return nil, false
+	}
+	v := (*h)[:n]
+	*h = (*h)[n:]
+	return v, true
+}

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -460,7 +462,50 @@ func TestPassthroughFlowSeriesBounded(t *testing.T) {
 	}
 }
 
-// The server name is read from a real ClientHello, whole or not.
+// tlsServerName is the server name crypto/tls's own parser reads from
+// the ClientHello in b (a server handshake over b alone, stopped once the
+// hello is read): the oracle of helloServerName.
+func tlsServerName(b []byte) string {
+	var name string
+	stop := errors.New("hello read")
+	cfg := &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		name = h.ServerName
+		return nil, stop
+	}}
+	c, s := net.Pipe()
+	go func() {
+		c.Write(b)
+		c.Close()
+	}()
+	go io.Copy(io.Discard, c)
+	tls.Server(s, cfg).Handshake()
+	s.Close()
+	return name
+}
+
+// helloOf returns the first TLS record a crypto/tls client with cfg sends.
+func helloOf(t testing.TB, cfg *tls.Config) []byte {
+	t.Helper()
+	c, s := net.Pipe()
+	defer s.Close()
+	go tls.Client(c, cfg).Handshake()
+	br := bufio.NewReader(s)
+	hdr, err := br.Peek(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := br.Peek(5 + int(binary.BigEndian.Uint16(hdr[3:5])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := append([]byte(nil), rec...)
+	c.Close()
+	return b
+}
+
+// The server name is read from a real ClientHello as crypto/tls reads it,
+// whatever else the hello carries, and from nothing short of a whole
+// first record.
 func TestClientHelloSNI(t *testing.T) {
 	c, s := net.Pipe()
 	defer s.Close()
@@ -470,10 +515,38 @@ func TestClientHelloSNI(t *testing.T) {
 		t.Errorf("sni %q", got)
 	}
 	hello, _ := br.Peek(br.Buffered())
-	for _, b := range [][]byte{hello[:len(hello)/2], fakeHello, {0x16}, nil} {
+	c.Close()
+	for _, b := range [][]byte{hello[:len(hello)/2], hello[:len(hello)-1], fakeHello, {0x16}, nil} {
 		if got := helloServerName(b); got != "" {
 			t.Errorf("server name of %x: %q", b, got)
 		}
 	}
-	c.Close()
+	for _, cfg := range []*tls.Config{
+		{ServerName: "api.example.com"},
+		{ServerName: "API.Example.COM", NextProtos: []string{"h2", "http/1.1"}},
+		{ServerName: "x." + strings.Repeat("a", 200) + ".example"},
+		{ServerName: "10.0.0.1"}, // an address: no server_name sent
+		{ServerName: "old.example", MaxVersion: tls.VersionTLS12},
+		{ServerName: "", InsecureSkipVerify: true},
+	} {
+		b := helloOf(t, cfg)
+		if got, want := helloServerName(b), tlsServerName(b); got != want {
+			t.Errorf("%q: server name %q, crypto/tls reads %q", cfg.ServerName, got, want)
+		}
+	}
+}
+
+// Whatever the bytes, reading the server name does not fail, and when
+// crypto/tls reads a name from them it is the one read.
+func FuzzHelloServerName(f *testing.F) {
+	for _, name := range []string{"api.example.com", "", "a.b"} {
+		f.Add(helloOf(f, &tls.Config{ServerName: name, InsecureSkipVerify: true}))
+	}
+	f.Add(fakeHello)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got := helloServerName(b)
+		if want := tlsServerName(b); want != "" && got != want {
+			t.Errorf("server name %q, crypto/tls reads %q", got, want)
+		}
+	})
 }
