@@ -36,7 +36,7 @@ type DirectSummary struct {
 	ResetBeforeAck uint64 `json:"reset_before_ack"`
 	ResetAfterAck  uint64 `json:"reset_after_ack"`
 	// DialFailed: a passthrough dial that failed otherwise.
-	DialFailed  uint64 `json:"dial_failed,omitempty"`
+	DialFailed uint64 `json:"dial_failed,omitempty"`
 	// Retransmits: segments retransmitted (SYNs included); for
 	// passthrough, by egret's upstream sockets, counted as they close.
 	Retransmits uint64 `json:"retransmits"`
