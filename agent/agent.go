@@ -900,22 +900,18 @@ type Status struct {
 	Running int       `json:"running"`
 	Failed  int       `json:"failed"`
 	Traces  int       `json:"traces"`
-	// Direct sums the connects the kernel saw the pods make direct (not
-	// proxied by egret); absent when its counters cannot be read.
+	// Direct sums the connections of the pods egret does not retry: the
+	// connects the kernel saw them make direct and those egret passed
+	// through (DirectSummaries); absent when the kernel's counters cannot
+	// be read.
 	Direct *DirectTotals `json:"direct,omitempty"`
 }
 
 // Status returns the agent's summary.
 func (a *Agent) Status() Status {
 	s := a.status()
-	if flows, err := a.directFlows(); err == nil {
-		var t DirectTotals
-		for _, f := range flows {
-			t.Connects += f.stats.Connects
-			t.SafeToRetry += f.stats.SafeToRetry()
-			t.Ambiguous += f.stats.ResetAfterAck
-		}
-		s.Direct = &t
+	if rows, err := a.directRows(); err == nil {
+		s.Direct = directTotals(rows)
 	}
 	return s
 }

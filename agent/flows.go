@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egret-proxy/egret/agent/bpfload"
+	"github.com/egret-proxy/egret/proxy"
 )
 
 // What egret does not proxy it still observes: the kernel counts, per pod
@@ -14,13 +15,19 @@ import (
 // the pods and shows them in the summary (egret top, the node page) and
 // as metrics.
 
-// DirectSummary is one pod's direct connections on one path, as the
-// kernel saw them end, with the evidence class each failure would have
-// had had egret proxied it.
+// DirectSummary is one pod's connections egret does not retry on one
+// path, as they ended, with the evidence class each failure would have had
+// had egret proxied it: connects left direct, as the kernel saw them, and
+// (path passthrough) connections egret passed through byte for byte, as
+// egret's own upstream socket saw them, by protocol and destination.
 type DirectSummary struct {
-	Namespace      string `json:"namespace"`
-	Pod            string `json:"pod"`
-	Path           string `json:"path"` // direct_port, direct_cidr, learned_direct, fail_open
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	Path      string `json:"path"` // direct_port, direct_cidr, learned_direct, fail_open, passthrough
+	// Protocol (tls, http2, server_first, ...) and Destination (a policy
+	// entry, a Service, or "other") of a passthrough row.
+	Protocol       string `json:"protocol,omitempty"`
+	Destination    string `json:"destination,omitempty"`
 	Connects       uint64 `json:"connects"`
 	Established    uint64 `json:"established"`
 	Refused        uint64 `json:"refused"`
@@ -28,7 +35,11 @@ type DirectSummary struct {
 	Unreachable    uint64 `json:"unreachable"`
 	ResetBeforeAck uint64 `json:"reset_before_ack"`
 	ResetAfterAck  uint64 `json:"reset_after_ack"`
-	Retransmits    uint64 `json:"retransmits"`
+	// DialFailed: a passthrough dial that failed otherwise.
+	DialFailed uint64 `json:"dial_failed,omitempty"`
+	// Retransmits: segments retransmitted (SYNs included); for
+	// passthrough, by egret's upstream sockets, counted as they close.
+	Retransmits uint64 `json:"retransmits"`
 	// SafeToRetry: failures whose evidence would have been not_sent (a
 	// retry could have fixed them safely, whatever the method);
 	// Ambiguous: sent_no_response (safe only for idempotent requests).
@@ -41,6 +52,17 @@ func directSummary(ns, pod string, path bpfload.FlowPath, s bpfload.FlowStats) D
 		Established: s.Established, Refused: s.Refused, TimedOut: s.TimedOut, Unreachable: s.Unreachable,
 		ResetBeforeAck: s.ResetBeforeAck, ResetAfterAck: s.ResetAfterAck, Retransmits: s.Retransmits,
 		SafeToRetry: s.SafeToRetry(), Ambiguous: s.ResetAfterAck}
+}
+
+// PathPassthrough is the path of the connections egret passed through.
+const PathPassthrough = "passthrough"
+
+func passthroughSummary(c proxy.PassthroughCounts) DirectSummary {
+	return DirectSummary{Namespace: c.Source.Namespace, Pod: c.Source.Pod, Path: PathPassthrough,
+		Protocol: string(c.Protocol), Destination: c.Destination, Connects: c.Connects,
+		Established: c.Established, Refused: c.Refused, TimedOut: c.TimedOut, Unreachable: c.Unreachable,
+		ResetBeforeAck: c.ResetBeforeAck, ResetAfterAck: c.ResetAfterAck, DialFailed: c.DialFailed,
+		Retransmits: c.Retransmits, SafeToRetry: c.SafeToRetry(), Ambiguous: c.ResetAfterAck}
 }
 
 // DirectTotals sums DirectSummary over the node's pods (egret status).
@@ -93,19 +115,41 @@ func (a *Agent) directFlows() ([]namedFlow, error) {
 	return out, nil
 }
 
-// DirectSummaries returns the direct connections of the node's pods, by
-// pod and path (nil when the kernel's counters cannot be read).
+// DirectSummaries returns the connections of the node's pods that egret
+// does not retry: direct ones by pod and path (none when the kernel's
+// counters cannot be read), then those its pods' proxies passed through,
+// by pod, protocol and destination.
 func (a *Agent) DirectSummaries() []DirectSummary {
-	flows, err := a.directFlows()
+	out, err := a.directRows()
 	if err != nil {
 		a.log.Warn("direct flow counters", "err", err)
-		return nil
 	}
-	out := make([]DirectSummary, 0, len(flows))
+	return out
+}
+
+// directRows is DirectSummaries, with the error of reading the kernel's
+// counters.
+func (a *Agent) directRows() ([]DirectSummary, error) {
+	var out []DirectSummary
+	flows, err := a.directFlows()
 	for _, f := range flows {
 		out = append(out, directSummary(f.ns, f.pod, f.path, f.stats))
 	}
-	return out
+	for _, c := range a.shared.Metrics.PassthroughCounts() {
+		out = append(out, passthroughSummary(c))
+	}
+	return out, err
+}
+
+// directTotals sums rows for egret status.
+func directTotals(rows []DirectSummary) *DirectTotals {
+	var t DirectTotals
+	for _, d := range rows {
+		t.Connects += d.Connects
+		t.SafeToRetry += d.SafeToRetry
+		t.Ambiguous += d.Ambiguous
+	}
+	return &t
 }
 
 // flowCollector exports the kernel's direct-connection counters at scrape

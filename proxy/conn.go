@@ -545,18 +545,27 @@ func closeWithReset(nc net.Conn) {
 
 // passthrough connects the client to its original destination and copies
 // bytes both ways, unchanged. prefix is sent first (a request head already
-// consumed from the buffer).
+// consumed from the buffer). The flow's outcome is counted under its
+// destination: for TLS, the server name of the ClientHello (passflow.go).
 func (c *conn) passthrough(proto Protocol, addr string, prefix []byte) {
 	c.s.cfg.Metrics.passedThrough(proto)
 	c.s.setState(c, stateTunnel)
-	if up := c.dialPassthrough(proto, addr); up != nil {
+	sni := ""
+	if proto == ProtoTLS && c.s.cfg.Metrics != nil {
+		sni = clientHelloSNI(c.c, c.br)
+	}
+	dest, named := c.flowDest(sni)
+	if up := c.dialPassthrough(proto, addr, dest, named); up != nil {
+		up.commit(c.s.cfg.Source, proto, dest, named)
 		c.pipeThrough(proto, addr, up, prefix, nil)
 	}
 }
 
 // dialPassthrough dials addr for a passthrough; when that fails it logs,
-// resets the client and returns nil.
-func (c *conn) dialPassthrough(proto Protocol, addr string) net.Conn {
+// counts the flow's failure under proto and dest (named: by the policy),
+// resets the client and returns nil. The connection it returns counts
+// nothing until committed.
+func (c *conn) dialPassthrough(proto Protocol, addr, dest string, named bool) *flowConn {
 	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.DialTimeout)
 	up, err := c.s.cfg.Dial(ctx, "tcp", addr)
 	cancel()
@@ -574,13 +583,14 @@ func (c *conn) dialPassthrough(proto Protocol, addr string) net.Conn {
 		// for what the pod sees.
 		reason := dialFailure(err)
 		c.s.cfg.Metrics.passthroughDialFailed(proto, reason)
+		c.s.cfg.Metrics.passthroughDialFlow(c.s.cfg.Source, proto, dest, named, err)
 		c.s.cfg.Logger.Warn("passthrough dial failed; the pod's connection is reset",
 			"protocol", string(proto), "dst", addr, "client", c.c.RemoteAddr().String(),
 			"reason", reason, "err", err)
 		c.abort()
 		return nil
 	}
-	return up
+	return newFlowConn(up, c.s.cfg.Metrics, c.s.cfg.Witness)
 }
 
 // dialFailure names why a dial failed, for the metric's reason label.
@@ -656,7 +666,8 @@ var aLongTimeAgo = time.Unix(1, 0)
 // It returns "" once the connection was passed through or ended.
 func (c *conn) silent() Protocol {
 	cfg := &c.s.cfg
-	up := c.dialPassthrough(ProtoSilent, c.dstAddr)
+	dest, named := c.flowDest("")
+	up := c.dialPassthrough(ProtoSilent, c.dstAddr, dest, named)
 	if up == nil {
 		cfg.Metrics.passedThrough(ProtoSilent)
 		return ""
@@ -719,6 +730,17 @@ func (c *conn) silent() Protocol {
 	}
 	cfg.Metrics.passedThrough(proto)
 	c.s.setState(c, stateTunnel)
+	if proto == ProtoTLS && cfg.Metrics != nil {
+		dest, named = c.flowDest(clientHelloSNI(c.c, c.br))
+	}
+	up.commit(cfg.Source, proto, dest, named)
+	if ul.err != nil && len(ul.b) == 0 && isReset(ul.err) {
+		// The destination reset the connection before anyone spoke
+		// (counted at commit): the pod's connection is reset too.
+		up.Close()
+		c.abort()
+		return ""
+	}
 	c.pipeThrough(proto, c.dstAddr, up, nil, ul.b)
 	return ""
 }

@@ -44,6 +44,8 @@ type Metrics struct {
 	budgetDesc *prometheus.Desc
 	// work are the per-workload series.
 	work *workloads
+	// flows are the outcomes of passthrough flows (passflow.go).
+	flows *passFlows
 }
 
 // Buckets of egret_proxy_request_duration_seconds: from a loopback
@@ -126,7 +128,8 @@ func NewMetricsWith(reg prometheus.Registerer, o WorkloadOptions) (*Metrics, err
 	for _, l := range limitLabels { // defined from the start, for rate()
 		m.limits.WithLabelValues(l)
 	}
-	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.h2Conns, m.tunnels, m.rejections, m.conns, m.mismatches, m.ptFailures, m.learned, m.limits, m.work); err != nil {
+	m.flows = newPassFlows(m.work)
+	if err := promreg.Register(reg, m.requests, m.durations, budgetCollector{m}, m.passthrough, m.lateHTTPs, m.h2Conns, m.tunnels, m.rejections, m.conns, m.mismatches, m.ptFailures, m.learned, m.limits, m.work, m.flows); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -593,10 +596,11 @@ func (m *Metrics) Workload(src Source, upstream string, named bool, outcome stri
 	}
 }
 
-// Forget removes every per-workload series of src's pod (the agent calls
-// it when the pod goes).
+// Forget removes every per-workload and passthrough flow series of src's
+// pod (the agent calls it when the pod goes).
 func (m *Metrics) Forget(src Source) {
 	if m != nil {
 		m.work.forget(src)
+		m.flows.forget(src)
 	}
 }

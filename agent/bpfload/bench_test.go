@@ -84,3 +84,102 @@ func BenchmarkConnect(b *testing.B) {
 	b.ReportMetric(med["nft"]/med["direct"], "nft/direct")
 	b.ReportMetric(med["ebpf"]/med["nft"], "ebpf/nft")
 }
+
+// BenchmarkManyShortConnects asks whether counting a pod's direct flows
+// costs that pod or another pod anything measurable. A storm pod opens
+// 100,000 short connections (socket, connect, close with RST) in rounds
+// of 10,000, once with its connects counted (attached, the destination
+// port direct by policy: a flow_sock and per-CPU counters per connect)
+// and once not (a cgroup egret is not attached to: no connect4, and the
+// node-wide tp_btf programs find no flow_sock and return), the two
+// interleaved round by round. During each round a victim pod, redirected
+// to its egret listener, times 2,000 connects of its own. Not run in CI:
+//
+//	go test -run '^$' -bench ManyShortConnects -benchtime 1x ./agent/bpfload/
+//
+// Reported: the median ns per connect of each storm and of the victim
+// during each, the counted storm's first and last rounds (the 100,000th
+// connect costs what the first did: one entry per pod and path, whatever
+// the count), and egret_flows' entries and memory afterwards.
+func BenchmarkManyShortConnects(b *testing.B) {
+	e := setup(b)
+	target := "10.77.0.1:8080"
+	counted := e.pod(b, "storm-counted", bpfload.PodConfig{Listen4: listen4, ExcludePorts: []uint16{8080}}, "10.77.0.1/32")
+	plain := pod{cg: e.cg.Sub(b, "storm-plain"), ns: bpftest.NewNetns(b, "10.77.0.1/32")}
+	victim := e.pod(b, "victim", bpfload.PodConfig{Listen4: listen4}, "10.77.0.1/32")
+	ls := []*net.TCPListener{
+		listen(b, e.self, counted.ns, target), listen(b, e.self, plain.ns, target),
+		listen(b, e.self, victim.ns, listen4.String()), listen(b, e.self, victim.ns, target),
+	}
+	for _, l := range ls {
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+	}
+	before, err := e.l.FlowEntries()
+	if err != nil {
+		b.Fatal(err)
+	}
+	const rounds, stormPer, victimPer = 10, 10_000, 2_000
+	type storm struct {
+		name        string
+		p           pod
+		per, victim []float64
+	}
+	storms := []*storm{{name: "counted", p: counted}, {name: "plain", p: plain}}
+	b.ResetTimer()
+	for range rounds {
+		for _, s := range storms {
+			done := make(chan bpftest.Result, 1)
+			errc := make(chan error, 1)
+			go func() {
+				res, err := bpftest.Loop(s.p.cg, s.p.ns, bpftest.Op{Kind: "connectloop", Family: unix.AF_INET, Addr: target, Count: stormPer})
+				errc <- err
+				done <- res
+			}()
+			_, vres := bpftest.Socket(b, victim.cg, victim.ns, bpftest.Op{Kind: "connectloop", Family: unix.AF_INET, Addr: target, Count: victimPer})
+			if err := <-errc; err != nil {
+				b.Fatalf("%s storm: %v", s.name, err)
+			}
+			res := <-done
+			if res.Err != "" || vres.Err != "" {
+				b.Fatalf("%s storm: %q, victim: %q", s.name, res.Err, vres.Err)
+			}
+			s.per = append(s.per, float64(res.Nanos)/stormPer)
+			s.victim = append(s.victim, float64(vres.Nanos)/victimPer)
+		}
+	}
+	b.StopTimer()
+	first, last := storms[0].per[0], storms[0].per[rounds-1]
+	median := func(v []float64) float64 {
+		w := append([]float64(nil), v...)
+		sort.Float64s(w)
+		return w[len(w)/2]
+	}
+	for _, s := range storms {
+		b.ReportMetric(median(s.per), s.name+"-storm-ns/connect")
+		b.ReportMetric(median(s.victim), "victim-during-"+s.name+"-ns/connect")
+	}
+	b.ReportMetric(median(storms[0].per)/median(storms[1].per), "storm-counted/plain")
+	b.ReportMetric(median(storms[0].victim)/median(storms[1].victim), "victim-counted/plain")
+	b.ReportMetric(last/first, "counted-last/first-round")
+	flows, err := e.l.PodFlows(counted.id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got := flows[bpfload.PathPolicyPort].Connects; got != rounds*stormPer {
+		b.Errorf("counted %d connects, want %d", got, rounds*stormPer)
+	}
+	after, err := e.l.FlowEntries()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(after-before), "flow-entries-added")
+	b.ReportMetric(float64(e.l.FlowsMemlock()), "egret_flows-bytes")
+}

@@ -12,7 +12,8 @@ import (
 	"github.com/egret-proxy/egret/proxy"
 )
 
-// directNode has two pods' direct connections: what egret does not proxy.
+// directNode has two pods' direct connections and one's connections
+// passed through: what egret does not retry.
 type directNode struct{}
 
 func (directNode) SummaryParts() agent.SummaryParts {
@@ -21,12 +22,15 @@ func (directNode) SummaryParts() agent.SummaryParts {
 			TimedOut: 10, ResetAfterAck: 3, Retransmits: 12, SafeToRetry: 40, Ambiguous: 3},
 		{Namespace: "shop", Pod: "db", Path: "direct_port", Connects: 5, Established: 5, ResetBeforeAck: 2,
 			SafeToRetry: 2},
+		{Namespace: "shop", Pod: "pay", Path: agent.PathPassthrough, Protocol: "tls", Destination: "api.example.com:443",
+			Connects: 7, Established: 6, Refused: 1, ResetAfterAck: 3, Retransmits: 4, SafeToRetry: 1, Ambiguous: 3},
 	}}
 }
 
 // TestNodePageShowsDirect: the node page, in headless Chromium, shows the
-// connections egret left direct per pod and path, how they failed, and
-// how many failures a retry could have fixed safely.
+// connections egret left direct per pod and path and those it passed
+// through per pod, protocol and destination (a TLS server name), how they
+// failed, and how many failures a retry could have fixed safely.
 func TestNodePageShowsDirect(t *testing.T) {
 	b := browsertest.Start(t)
 	srv := httptest.NewServer(Handler(agent.NewSummarizer(directNode{}), tracesOf{proxy.NewTraces(1)}))
@@ -52,12 +56,13 @@ func TestNodePageShowsDirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s\n%s", got.Safe, strings.Join(got.Rows, "\n"))
-	if !strings.HasPrefix(got.Safe, "42 failures a retry could have fixed safely") || !strings.Contains(got.Safe, "3 reset after acknowledged bytes") {
+	if !strings.HasPrefix(got.Safe, "43 failures a retry could have fixed safely") || !strings.Contains(got.Safe, "6 reset after acknowledged bytes") {
 		t.Errorf("headline %q", got.Safe)
 	}
 	want := []string{
-		"shop/web|learned_direct|60|20|30|10|0|0|3|12|40",
-		"shop/db|direct_port|5|5|0|0|0|2|0|0|2",
+		"shop/web|learned_direct|–|60|20|30|10|0|0|3|12|40",
+		"shop/db|direct_port|–|5|5|0|0|0|2|0|0|2",
+		"shop/pay|passthrough/tls|api.example.com:443|7|6|1|0|0|0|3|4|1",
 	}
 	if strings.Join(got.Rows, "\n") != strings.Join(want, "\n") {
 		t.Errorf("rows\n%s\nwant\n%s", strings.Join(got.Rows, "\n"), strings.Join(want, "\n"))

@@ -41,6 +41,10 @@ func (busyNode) SummaryParts() agent.SummaryParts {
 			Path: path, Connects: 12345678, Established: 12000000, Refused: 123456, TimedOut: 23456, Unreachable: 3456,
 			ResetBeforeAck: 45678, ResetAfterAck: 56789, Retransmits: 1234567, SafeToRetry: 196046, Ambiguous: 56789})
 	}
+	p.Direct = append(p.Direct, agent.DirectSummary{Namespace: ns, Pod: "checkout-api-gateway-7d9f8b6c5d-x2k40",
+		Path: agent.PathPassthrough, Protocol: "server_first", Destination: "inventory-reservations.payments-production-eu-west.svc.cluster.local:8443",
+		Connects: 12345678, Established: 12000000, Refused: 123456, TimedOut: 23456, Unreachable: 3456,
+		ResetBeforeAck: 45678, ResetAfterAck: 56789, Retransmits: 1234567, SafeToRetry: 196046, Ambiguous: 56789})
 	p.Budgets = []agent.UpstreamStatus{{Upstream: "api.payment-provider-sandbox.example.com:443", Tokens: 1234.5}}
 	for i := range 5 {
 		p.Recent = append(p.Recent, agent.RecentRequest{ID: fmt.Sprintf("8e13ac3b035fce9%d", i),

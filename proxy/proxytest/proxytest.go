@@ -1,6 +1,7 @@
-// Package proxytest sends traffic through a real explicit-mode egret proxy,
-// for tests that look at what the traffic leaves behind: metric families,
-// traces. It is imported by tests only.
+// Package proxytest sends traffic through a real egret proxy (explicit
+// mode; transparent for a passthrough), for tests that look at what the
+// traffic leaves behind: metric families, traces, summaries. It is
+// imported by tests only.
 package proxytest
 
 import (
@@ -28,7 +29,7 @@ import (
 // sent (nothing listens) and a POST whose connection the upstream resets
 // after reading it (ambiguous). An answer whose Egret-Outcome is not the
 // one its ending gives fails t. pol's backoff should be short: the retries
-// wait it.
+// wait it. Then it passes a connection through (Passthrough).
 func Traffic(t testing.TB, pol proxy.PolicySource, pm *proxy.Metrics, rm *retry.Metrics) {
 	t.Helper()
 	var n atomic.Int64
@@ -99,4 +100,54 @@ func Traffic(t testing.TB, pol proxy.PolicySource, pm *proxy.Metrics, rm *retry.
 	do("GET", up.URL+"/flaky", "")
 	do("GET", "http://"+dead+"/", "not-sent")
 	do("POST", up.URL+"/reset", "ambiguous")
+	Passthrough(t, pm, proxy.Source{})
+}
+
+// Passthrough runs a transparent proxy.Server for src's pod with pm
+// (logs dropped) whose connections all go to an address nothing listens
+// on, and sends it the start of a TLS record: egret passes the connection
+// through, its dial is refused and the client is reset. It returns once
+// the client saw the reset, by when the flow is counted
+// (egret_proxy_passthrough_flows_total: a refused TLS flow of src to
+// "other").
+func Passthrough(t testing.TB, pm *proxy.Metrics, src proxy.Source) {
+	t.Helper()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := closed.Addr().(*net.TCPAddr).AddrPort()
+	closed.Close()
+	srv, err := proxy.New(proxy.Config{
+		Mode:     proxy.Transparent,
+		Resolver: &proxy.StaticResolver{Dst: dead},
+		Source:   src,
+		Shared:   proxy.Shared{Metrics: pm},
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(c); err == nil {
+		t.Fatal("passthrough to a closed port: the client was not reset")
+	}
 }

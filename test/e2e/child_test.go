@@ -194,9 +194,10 @@ func child(mode string) int {
 		}
 		_ = enc.Encode(seen)
 	case "tls":
-		// One TLS handshake (any certificate) and a line, then close.
+		// One TLS handshake (any certificate) and a line, then close;
+		// the header Server-Name, if any, is the ClientHello's server name.
 		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp",
-			strings.TrimPrefix(req.URL, "tcp://"), &tls.Config{InsecureSkipVerify: true})
+			strings.TrimPrefix(req.URL, "tcp://"), &tls.Config{InsecureSkipVerify: true, ServerName: req.Headers["Server-Name"]})
 		if err != nil {
 			_ = enc.Encode(response{Err: err.Error()})
 			return 0

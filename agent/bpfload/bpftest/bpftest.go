@@ -233,6 +233,17 @@ func Socket(t testing.TB, cgroup string, ns netns.NsHandle, op Op) (*os.File, Re
 	return f, res
 }
 
+// Loop runs a "connectloop" (or "refuseloop") op as Socket does, without
+// a testing.TB: for a goroutine beside the test's, which must not call
+// t.Fatal.
+func Loop(cgroup string, ns netns.NsHandle, op Op) (Result, error) {
+	f, res, err := socket(cgroup, ns, op)
+	if f != nil {
+		f.Close()
+	}
+	return res, err
+}
+
 func socket(cgroup string, ns netns.NsHandle, op Op) (*os.File, Result, error) {
 	var res Result
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)

@@ -81,15 +81,18 @@ function render(s) {
     safe += d.safe_to_retry;
     ambiguous += d.ambiguous;
   }
-  document.getElementById("direct-safe").textContent = direct.length === 0 ? "No direct connections seen." :
+  document.getElementById("direct-safe").textContent = direct.length === 0 ? "No direct or passed-through connections seen." :
     safe + " failure" + (safe === 1 ? "" : "s") + " a retry could have fixed safely (nothing of the pod's was acknowledged: not sent); " +
     ambiguous + " reset after acknowledged bytes (ambiguous unless idempotent).";
+  // A passthrough row (egret carried the bytes, unretried) names its
+  // protocol and destination.
   fill(document.querySelector("#direct tbody"), direct.map(d => [
-    name(d.namespace ? d.namespace + "/" + d.pod : d.pod), el("td", d.path), num(d.connects), num(d.established),
+    name(d.namespace ? d.namespace + "/" + d.pod : d.pod), el("td", d.protocol ? d.path + "/" + d.protocol : d.path),
+    name(d.destination || "–"), num(d.connects), num(d.established),
     num(d.refused, d.refused > 0), num(d.timed_out, d.timed_out > 0), num(d.unreachable, d.unreachable > 0),
     num(d.reset_before_ack, d.reset_before_ack > 0), num(d.reset_after_ack, d.reset_after_ack > 0),
     num(d.retransmits), num(d.safe_to_retry, d.safe_to_retry > 0),
-  ]), 11, "none");
+  ]), 12, "none");
   fill(document.querySelector("#recent tbody"), s.recent.map(r => {
     const link = el("a", r.id);
     link.href = "/explain/" + encodeURIComponent(r.id);

@@ -197,14 +197,14 @@ func scalar(v any) string {
 }
 
 // directLine is the status's direct totals (agent.DirectTotals, as JSON):
-// the connects egret did not proxy and how many of their failures a retry
+// the connects egret did not retry (left direct or passed through) and how many of their failures a retry
 // could have fixed safely.
 func directLine(v any) string {
 	m, _ := v.(map[string]any)
 	c, _ := m["connects"].(float64)
 	s, _ := m["safe_to_retry"].(float64)
 	a, _ := m["ambiguous"].(float64)
-	return fmt.Sprintf("%.0f connects not proxied; failures: %.0f a retry could have fixed safely, %.0f ambiguous (egret top)", c, s, a)
+	return fmt.Sprintf("%.0f connects not retried (direct or passed through); failures: %.0f a retry could have fixed safely, %.0f ambiguous (egret top)", c, s, a)
 }
 
 func dash(s string) string {

@@ -216,19 +216,25 @@ func writeTop(w io.Writer, s agent.Summary, by, sock string) error {
 		fmt.Fprintln(tw)
 	}
 	if len(s.Direct) > 0 {
-		// What egret does not proxy, as the kernel saw it end.
+		// What egret does not retry: connects left direct, as the kernel
+		// saw them end, and connections passed through (PATH
+		// passthrough/<protocol>), as egret's upstream socket saw them.
 		var safe uint64
-		fmt.Fprintln(tw, "POD\tDIRECT PATH\tCONNECTS\tESTABLISHED\tREFUSED\tTIMED-OUT\tUNREACHABLE\tRST-BEFORE-ACK\tRST-AFTER-ACK\tRETRANS\tSAFE-TO-RETRY")
+		fmt.Fprintln(tw, "POD\tNOT RETRIED: PATH\tDESTINATION\tCONNECTS\tESTABLISHED\tREFUSED\tTIMED-OUT\tUNREACHABLE\tRST-BEFORE-ACK\tRST-AFTER-ACK\tRETRANS\tSAFE-TO-RETRY")
 		for _, d := range s.Direct {
 			name := d.Pod
 			if d.Namespace != "" {
 				name = d.Namespace + "/" + d.Pod
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", name, d.Path, d.Connects, d.Established,
+			path := d.Path
+			if d.Protocol != "" {
+				path = d.Path + "/" + d.Protocol
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", name, path, dash(d.Destination), d.Connects, d.Established,
 				d.Refused, d.TimedOut, d.Unreachable, d.ResetBeforeAck, d.ResetAfterAck, d.Retransmits, d.SafeToRetry)
 			safe += d.SafeToRetry
 		}
-		fmt.Fprintf(tw, "(not proxied by egret: %d failures a retry could have fixed safely, nothing of the pod's acked; RST-AFTER-ACK is ambiguous)\n\n", safe)
+		fmt.Fprintf(tw, "(not retried by egret: %d failures a retry could have fixed safely, nothing of the pod's acked; RST-AFTER-ACK is ambiguous)\n\n", safe)
 	}
 	fmt.Fprintln(tw, "UPSTREAM\tREQ/S\tRETRY/S\tAMBIG/S\tNOTSENT/S\tFAILED/S\tREQUESTS\tRETRIES\tAMBIGUOUS\tNOT-SENT\tBUDGET")
 	idle := false

@@ -224,13 +224,16 @@ func TestTopTables(t *testing.T) {
 	}
 }
 
-// TestTopDirect: the connects egret left direct are shown per pod and
-// path, with the failures a retry could have fixed safely.
+// TestTopDirect: the connects egret left direct and the connections it
+// passed through are shown per pod and path (and destination), with the
+// failures a retry could have fixed safely.
 func TestTopDirect(t *testing.T) {
 	s := agent.Summary{Time: time.Now(), Direct: []agent.DirectSummary{
 		{Namespace: "shop", Pod: "web", Path: "learned_direct", Connects: 9, Established: 4, Refused: 2,
 			TimedOut: 1, ResetAfterAck: 3, Retransmits: 6, SafeToRetry: 3, Ambiguous: 3},
 		{Namespace: "shop", Pod: "db", Path: "direct_port", Connects: 5, Established: 3, Unreachable: 2, SafeToRetry: 2},
+		{Namespace: "shop", Pod: "pay", Path: "passthrough", Protocol: "tls", Destination: "api.example.com:443",
+			Connects: 4, Established: 3, Refused: 1, ResetAfterAck: 3, Retransmits: 2, SafeToRetry: 1, Ambiguous: 3},
 	}}
 	var b strings.Builder
 	if err := writeTop(&b, s, "name", "sock"); err != nil {
@@ -238,22 +241,23 @@ func TestTopDirect(t *testing.T) {
 	}
 	out := b.String()
 	t.Log(out)
+	want := map[string]string{
+		"shop/web": "learned_direct - 9 4 2 1 0 0 3 6 3",
+		"shop/db":  "direct_port - 5 3 0 0 2 0 0 0 2",
+		"shop/pay": "passthrough/tls api.example.com:443 4 3 1 0 0 0 3 2 1",
+	}
 	rows := 0
 	for _, l := range strings.Split(out, "\n") {
-		switch f := strings.Fields(l); {
-		case len(f) == 11 && f[0] == "shop/web":
-			rows++
-			if strings.Join(f[1:], " ") != "learned_direct 9 4 2 1 0 0 3 6 3" {
-				t.Errorf("web row %q", l)
-			}
-		case len(f) == 11 && f[0] == "shop/db":
-			rows++
-			if strings.Join(f[1:], " ") != "direct_port 5 3 0 0 2 0 0 0 2" {
-				t.Errorf("db row %q", l)
-			}
+		f := strings.Fields(l)
+		if len(f) != 12 || want[f[0]] == "" {
+			continue
+		}
+		rows++
+		if got := strings.Join(f[1:], " "); got != want[f[0]] {
+			t.Errorf("%s row %q, want %q", f[0], got, want[f[0]])
 		}
 	}
-	if rows != 2 || !strings.Contains(out, "5 failures a retry could have fixed safely") {
+	if rows != 3 || !strings.Contains(out, "6 failures a retry could have fixed safely") {
 		t.Errorf("direct table:\n%s", out)
 	}
 }

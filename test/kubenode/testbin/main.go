@@ -32,10 +32,13 @@
 //	                                  their Ledger-Id header
 //	testbin spread -n 300 URL         N GETs, each on a new connection (and a new DNS lookup);
 //	                                  prints JSON: answers by Served-By, by status, errors
+//	testbin tls [-sni NAME] HOST:PORT one TLS handshake (any certificate), ClientHello server name
+//	                                  NAME; exit status 1 and the error when it fails
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -77,6 +80,8 @@ func main() {
 		os.Exit(spread(os.Args[2:]))
 	case "sidecar":
 		sidecar(os.Args[2:])
+	case "tls":
+		os.Exit(tlsHandshake(os.Args[2:]))
 	case "probe-once":
 		if len(os.Args) != 3 {
 			os.Exit(2)
@@ -90,6 +95,24 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testbin: unknown command", os.Args[1])
 		os.Exit(2)
 	}
+}
+
+// tlsHandshake makes one TLS handshake with the server name -sni.
+func tlsHandshake(args []string) int {
+	fs := flag.NewFlagSet("tls", flag.ContinueOnError)
+	sni := fs.String("sni", "", "server name")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: testbin tls [-sni NAME] HOST:PORT")
+		return 2
+	}
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", fs.Arg(0),
+		&tls.Config{ServerName: *sni, InsecureSkipVerify: true})
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	c.Close()
+	return 0
 }
 
 func pause() {
