@@ -32,6 +32,16 @@
 //	                                  their Ledger-Id header
 //	testbin spread -n 300 URL         N GETs, each on a new connection (and a new DNS lookup);
 //	                                  prints JSON: answers by Served-By, by status, errors
+//	testbin grpc-serve [-listen :50051] [-reset-listen :50052] [-record DIR]
+//	                                  grpc-go's server of grpc.testing.TestService (UnaryCall,
+//	                                  EmptyCall, StreamingOutputCall), executing each call by its
+//	                                  exec-id metadata (fault: unavailable-once answers the first
+//	                                  attempt UNAVAILABLE); on -reset-listen an h2c server that
+//	                                  reads a request, executes it and resets its stream (grpc.go)
+//	testbin grpc-call [-n N] [-c C] [-method unary|stream] [-fault F] [-id P] HOST:PORT
+//	                                  N calls, C at a time, on one grpc-go client connection;
+//	                                  prints JSON: each call's code, egret-attempts,
+//	                                  egret-request-id, egret-outcome, served-by
 package main
 
 import (
@@ -77,6 +87,10 @@ func main() {
 		os.Exit(spread(os.Args[2:]))
 	case "sidecar":
 		sidecar(os.Args[2:])
+	case "grpc-serve":
+		grpcServe(os.Args[2:])
+	case "grpc-call":
+		os.Exit(grpcCall(os.Args[2:]))
 	case "probe-once":
 		if len(os.Args) != 3 {
 			os.Exit(2)
