@@ -324,9 +324,12 @@ func (st *h2stream) answer(req *http.Request, a *answer) bool {
 		h.Set("Content-Type", "application/grpc")
 		h.Set(headerGRPCStatus, strconv.Itoa(grpcCode(a.outcome, a.status)))
 		h.Set(headerGRPCMessage, grpcMessage(answerText(a.msg)))
-		// No flush: the HEADERS frame goes out with END_STREAM when
-		// the handler returns (a flush now would end the stream with an
-		// empty DATA frame, which is not Trailers-Only).
+		// No Flush: it would send the HEADERS alone and end the stream
+		// with an empty DATA frame, which a gRPC client reads as response
+		// headers and no trailers (grpc-go: INTERNAL, "server closed the
+		// stream without sending trailers"), losing the grpc-status.
+		// net/http's server sends the header with END_STREAM when the
+		// handler returns having written no body: Trailers-Only.
 		st.w.WriteHeader(http.StatusOK)
 		return true
 	}

@@ -34,6 +34,16 @@
 //	                                  prints JSON: answers by Served-By, by status, errors
 //	testbin tls [-sni NAME] HOST:PORT one TLS handshake (any certificate), ClientHello server name
 //	                                  NAME; exit status 1 and the error when it fails
+//	testbin grpc-serve [-listen :50051] [-reset-listen :50052] [-record DIR]
+//	                                  grpc-go's server of grpc.testing.TestService (UnaryCall,
+//	                                  EmptyCall, StreamingOutputCall), executing each call by its
+//	                                  exec-id metadata (fault: unavailable-once answers the first
+//	                                  attempt UNAVAILABLE); on -reset-listen an h2c server that
+//	                                  reads a request, executes it and resets its stream (grpc.go)
+//	testbin grpc-call [-n N] [-c C] [-method unary|stream] [-fault F] [-id P] HOST:PORT
+//	                                  N calls, C at a time, on one grpc-go client connection;
+//	                                  prints JSON: each call's code, egret-attempts,
+//	                                  egret-request-id, egret-outcome, served-by
 package main
 
 import (
@@ -82,6 +92,10 @@ func main() {
 		sidecar(os.Args[2:])
 	case "tls":
 		os.Exit(tlsHandshake(os.Args[2:]))
+	case "grpc-serve":
+		grpcServe(os.Args[2:])
+	case "grpc-call":
+		os.Exit(grpcCall(os.Args[2:]))
 	case "probe-once":
 		if len(os.Args) != 3 {
 			os.Exit(2)
