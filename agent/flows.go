@@ -51,7 +51,7 @@ func directSummary(ns, pod string, path bpfload.FlowPath, s bpfload.FlowStats) D
 	return DirectSummary{Namespace: ns, Pod: pod, Path: path.String(), Connects: s.Connects,
 		Established: s.Established, Refused: s.Refused, TimedOut: s.TimedOut, Unreachable: s.Unreachable,
 		ResetBeforeAck: s.ResetBeforeAck, ResetAfterAck: s.ResetAfterAck, Retransmits: s.Retransmits,
-		SafeToRetry: s.SafeToRetry(), Ambiguous: s.ResetAfterAck}
+		SafeToRetry: s.SafeToRetry(), Ambiguous: s.Ambiguous()}
 }
 
 // PathPassthrough is the path of the connections egret passed through.
@@ -62,7 +62,7 @@ func passthroughSummary(c proxy.PassthroughCounts) DirectSummary {
 		Protocol: string(c.Protocol), Destination: c.Destination, Connects: c.Connects,
 		Established: c.Established, Refused: c.Refused, TimedOut: c.TimedOut, Unreachable: c.Unreachable,
 		ResetBeforeAck: c.ResetBeforeAck, ResetAfterAck: c.ResetAfterAck, DialFailed: c.DialFailed,
-		Retransmits: c.Retransmits, SafeToRetry: c.SafeToRetry(), Ambiguous: c.ResetAfterAck}
+		Retransmits: c.Retransmits, SafeToRetry: c.SafeToRetry(), Ambiguous: c.Ambiguous()}
 }
 
 // DirectTotals sums DirectSummary over the node's pods (egret status).

@@ -43,7 +43,7 @@ func TestDirectFlowsNamedAndBounded(t *testing.T) {
 		bpfload.PodFlow{PodID: st.CgroupID + 1000, Path: bpfload.PathLearned, Stats: stats})
 	fake.SetFlows(flows)
 
-	if d := a.Status().Direct; d == nil || d.Connects != 200 || d.SafeToRetry != 40 || d.Ambiguous != 20 {
+	if d := a.Status().Direct; d == nil || d.Connects != 200 || d.SafeToRetry != 24 || d.Ambiguous != 36 {
 		t.Errorf("status direct = %+v", d)
 	}
 	sum := NewSummarizer(a).Summary(time.Now())
@@ -51,7 +51,7 @@ func TestDirectFlowsNamedAndBounded(t *testing.T) {
 		t.Fatalf("direct rows = %+v", sum.Direct)
 	}
 	for _, d := range sum.Direct {
-		if d.Namespace != "shop" || d.Pod != "web" || d.SafeToRetry != 10 || d.Ambiguous != 5 || d.Connects != 50 {
+		if d.Namespace != "shop" || d.Pod != "web" || d.SafeToRetry != 6 || d.Ambiguous != 9 || d.Connects != 50 {
 			t.Errorf("direct row %+v", d)
 		}
 	}
@@ -59,7 +59,7 @@ func TestDirectFlowsNamedAndBounded(t *testing.T) {
 		"outcome", "reset_after_ack", "evidence", "sent_no_response"); got != 5 {
 		t.Errorf("reset_after_ack = %v", got)
 	}
-	if got := promtest.CounterSum(t, reg, "egret_agent_direct_flows_total", "evidence", "not_sent"); got != 10*4 {
+	if got := promtest.CounterSum(t, reg, "egret_agent_direct_flows_total", "evidence", "not_sent"); got != 6*4 {
 		t.Errorf("not_sent over paths = %v", got)
 	}
 	mfs, err := reg.Gather()

@@ -55,13 +55,16 @@ const (
 // flowOutcomes names the outcome label of each flowOutcome and the
 // evidence class of the failures ("" for connects and established).
 var flowOutcomes = [numFlowOutcomes]struct{ name, evidence string }{
-	flowConnects:       {"connects", ""},
-	flowEstablished:    {"established", ""},
-	flowRefused:        {"refused", evidenceNotSent},
-	flowTimedOut:       {"timed_out", evidenceNotSent},
-	flowUnreachable:    {"unreachable", evidenceNotSent},
-	flowDialFailed:     {"dial_failed", evidenceNotSent},
-	flowResetBeforeAck: {"reset_before_ack", evidenceNotSent},
+	flowConnects:    {"connects", ""},
+	flowEstablished: {"established", ""},
+	flowRefused:     {"refused", evidenceNotSent},
+	flowTimedOut:    {"timed_out", evidenceNotSent},
+	flowUnreachable: {"unreachable", evidenceNotSent},
+	flowDialFailed:  {"dial_failed", evidenceNotSent},
+	// A reset before any byte was acked proves nothing: a destination
+	// that read what was sent and reset before its delayed ACK leaves the
+	// acked count where it was (bpfload.FlowStats.Failures).
+	flowResetBeforeAck: {"reset_before_ack", evidenceSentNoResponse},
 	flowResetAfterAck:  {"reset_after_ack", evidenceSentNoResponse},
 }
 
@@ -259,7 +262,13 @@ type PassthroughCounts struct {
 // SafeToRetry is the failures whose evidence is not_sent: a retry could
 // have fixed them safely, whatever the request.
 func (c PassthroughCounts) SafeToRetry() uint64 {
-	return c.Refused + c.TimedOut + c.Unreachable + c.DialFailed + c.ResetBeforeAck
+	return c.Refused + c.TimedOut + c.Unreachable + c.DialFailed
+}
+
+// Ambiguous is the failures whose evidence is sent_no_response: a retry
+// was safe only for an idempotent request.
+func (c PassthroughCounts) Ambiguous() uint64 {
+	return c.ResetBeforeAck + c.ResetAfterAck
 }
 
 // PassthroughCounts returns the counters of every passthrough flow series

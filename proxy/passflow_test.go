@@ -151,10 +151,10 @@ func TestPassthroughFlowOutcomes(t *testing.T) {
 		{"tls", "established", "", 1},
 		{"tls", "refused", "not_sent", 1},
 		{"tls", "reset_after_ack", "sent_no_response", 1},
-		{"tls", "reset_before_ack", "not_sent", 0},
+		{"tls", "reset_before_ack", "sent_no_response", 0},
 		{"server_first", "connects", "", 1},
 		{"server_first", "established", "", 1},
-		{"server_first", "reset_before_ack", "not_sent", 1},
+		{"server_first", "reset_before_ack", "sent_no_response", 1},
 		{"server_first", "reset_after_ack", "sent_no_response", 0},
 	} {
 		if got := flowCount(t, reg, "source_namespace", "shop", "protocol", tc.proto, "destination", "other",
@@ -178,10 +178,10 @@ func TestPassthroughFlowOutcomes(t *testing.T) {
 	var safe, ambiguous uint64
 	for _, pc := range m.PassthroughCounts() {
 		safe += pc.SafeToRetry()
-		ambiguous += pc.ResetAfterAck
+		ambiguous += pc.Ambiguous()
 	}
-	if safe != 2 || ambiguous != 1 {
-		t.Errorf("summary: %d safe to retry, %d ambiguous; want 2, 1", safe, ambiguous)
+	if safe != 1 || ambiguous != 2 {
+		t.Errorf("summary: %d safe to retry, %d ambiguous; want 1, 2", safe, ambiguous)
 	}
 	// The pod's series go with it.
 	m.Forget(Source{Namespace: "shop", Pod: "web"})

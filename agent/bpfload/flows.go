@@ -55,7 +55,7 @@ type FlowStats struct {
 	TimedOut       uint64 // ETIMEDOUT in SYN_SENT: SYN retries exhausted
 	Unreachable    uint64 // EHOSTUNREACH / ENETUNREACH in SYN_SENT
 	Abandoned      uint64 // closed in SYN_SENT by the pod, no error
-	ResetBeforeAck uint64 // reset after the handshake, none of the pod's bytes acked
+	ResetBeforeAck uint64 // reset after the handshake, none of the pod's bytes acked (which proves nothing: see Failures)
 	ResetAfterAck  uint64 // reset after some of the pod's bytes were acked
 	Retransmits    uint64 // retransmitted segments, SYNs included
 	SegsOut        uint64 // data segments sent by established connections, summed at close
@@ -76,13 +76,19 @@ type FlowFailure struct {
 }
 
 // Failures returns the failure classes of s (abandoned connects are not
-// failures: the pod gave up) with their evidence classes.
+// failures: the pod gave up) with their evidence classes. A reset before
+// any of the pod's bytes was acked is sent_no_response, not not_sent: a
+// peer that read a request and reset the connection before its delayed
+// ACK left the count of acked bytes where it was (measured: 208 bytes
+// acked before and after a request the server read), and the kernel
+// does not process the ACK a reset carries. Only a connect that never
+// completed proves that nothing was delivered.
 func (s FlowStats) Failures() []FlowFailure {
 	return []FlowFailure{
 		{"refused", EvidenceNotSent, s.Refused},
 		{"timed_out", EvidenceNotSent, s.TimedOut},
 		{"unreachable", EvidenceNotSent, s.Unreachable},
-		{"reset_before_ack", EvidenceNotSent, s.ResetBeforeAck},
+		{"reset_before_ack", EvidenceSentNoResponse, s.ResetBeforeAck},
 		{"reset_after_ack", EvidenceSentNoResponse, s.ResetAfterAck},
 	}
 }
@@ -90,7 +96,13 @@ func (s FlowStats) Failures() []FlowFailure {
 // SafeToRetry is the number of failures a retry could have fixed safely
 // (evidence not_sent), whatever the request's method.
 func (s FlowStats) SafeToRetry() uint64 {
-	return s.Refused + s.TimedOut + s.Unreachable + s.ResetBeforeAck
+	return s.Refused + s.TimedOut + s.Unreachable
+}
+
+// Ambiguous is the number of failures whose evidence is sent_no_response:
+// a retry was safe only for an idempotent request.
+func (s FlowStats) Ambiguous() uint64 {
+	return s.ResetBeforeAck + s.ResetAfterAck
 }
 
 // Add adds o to s.

@@ -156,8 +156,11 @@ func TestFlowOutcomes(t *testing.T) {
 	if _, ok := got[bpfload.PathFailOpen]; ok || len(got) != 3 {
 		t.Errorf("paths = %+v", got)
 	}
-	if n := port.SafeToRetry() + cidr.SafeToRetry() + learned.SafeToRetry(); n != 4 {
-		t.Errorf("safe to retry = %d, want 4 (refused x2, timed out, reset before ack)", n)
+	if n := port.SafeToRetry() + cidr.SafeToRetry() + learned.SafeToRetry(); n != 3 {
+		t.Errorf("safe to retry = %d, want 3 (refused x2, timed out)", n)
+	}
+	if n := port.Ambiguous() + cidr.Ambiguous() + learned.Ambiguous(); n != 2 {
+		t.Errorf("ambiguous = %d, want 2 (reset before ack, reset after ack)", n)
 	}
 	if other, err := e.l.PodFlows(b.id); err != nil || len(other) != 0 {
 		t.Errorf("pod-b flows = %+v, %v", other, err)

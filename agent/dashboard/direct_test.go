@@ -21,7 +21,7 @@ func (directNode) SummaryParts() agent.SummaryParts {
 		{Namespace: "shop", Pod: "web", Path: "learned_direct", Connects: 60, Established: 20, Refused: 30,
 			TimedOut: 10, ResetAfterAck: 3, Retransmits: 12, SafeToRetry: 40, Ambiguous: 3},
 		{Namespace: "shop", Pod: "db", Path: "direct_port", Connects: 5, Established: 5, ResetBeforeAck: 2,
-			SafeToRetry: 2},
+			Ambiguous: 2},
 		{Namespace: "shop", Pod: "pay", Path: agent.PathPassthrough, Protocol: "tls", Destination: "api.example.com:443",
 			Connects: 7, Established: 6, Refused: 1, ResetAfterAck: 3, Retransmits: 4, SafeToRetry: 1, Ambiguous: 3},
 	}}
@@ -56,12 +56,12 @@ func TestNodePageShowsDirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s\n%s", got.Safe, strings.Join(got.Rows, "\n"))
-	if !strings.HasPrefix(got.Safe, "43 failures a retry could have fixed safely") || !strings.Contains(got.Safe, "6 reset after acknowledged bytes") {
+	if !strings.HasPrefix(got.Safe, "41 failures a retry could have fixed safely") || !strings.Contains(got.Safe, "8 reset after the connect") {
 		t.Errorf("headline %q", got.Safe)
 	}
 	want := []string{
 		"shop/web|learned_direct|–|60|20|30|10|0|0|3|12|40",
-		"shop/db|direct_port|–|5|5|0|0|0|2|0|0|2",
+		"shop/db|direct_port|–|5|5|0|0|0|2|0|0|0",
 		"shop/pay|passthrough/tls|api.example.com:443|7|6|1|0|0|0|3|4|1",
 	}
 	if strings.Join(got.Rows, "\n") != strings.Join(want, "\n") {

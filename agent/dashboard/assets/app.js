@@ -72,9 +72,10 @@ function render(s) {
   fill(document.querySelector("#flows tbody"), s.flows.map(f => [
     name(f.namespace ? f.namespace + "/" + f.pod : f.pod), name(f.upstream), ...rateCells(f.rates), ...countCells(f.counts),
   ]), 12, "none");
-  // What egret does not proxy: refused, timed out, unreachable and reset
-  // before any byte was acked would have been not_sent (a retry was safe);
-  // reset after acked bytes, sent_no_response (ambiguous).
+  // What egret does not proxy: refused, timed out and unreachable would
+  // have been not_sent (a retry was safe); a reset, before or after acked
+  // bytes, sent_no_response (ambiguous: an unacknowledged reset proves
+  // nothing).
   const direct = s.direct || [];
   let safe = 0, ambiguous = 0;
   for (const d of direct) {
@@ -82,8 +83,8 @@ function render(s) {
     ambiguous += d.ambiguous;
   }
   document.getElementById("direct-safe").textContent = direct.length === 0 ? "No direct or passed-through connections seen." :
-    safe + " failure" + (safe === 1 ? "" : "s") + " a retry could have fixed safely (nothing of the pod's was acknowledged: not sent); " +
-    ambiguous + " reset after acknowledged bytes (ambiguous unless idempotent).";
+    safe + " failure" + (safe === 1 ? "" : "s") + " a retry could have fixed safely (the connect never completed: not sent); " +
+    ambiguous + " reset after the connect (ambiguous unless idempotent).";
   // A passthrough row (egret carried the bytes, unretried) names its
   // protocol and destination.
   fill(document.querySelector("#direct tbody"), direct.map(d => [

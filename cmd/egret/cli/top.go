@@ -234,7 +234,7 @@ func writeTop(w io.Writer, s agent.Summary, by, sock string) error {
 				d.Refused, d.TimedOut, d.Unreachable, d.ResetBeforeAck, d.ResetAfterAck, d.Retransmits, d.SafeToRetry)
 			safe += d.SafeToRetry
 		}
-		fmt.Fprintf(tw, "(not retried by egret: %d failures a retry could have fixed safely, nothing of the pod's acked; RST-AFTER-ACK is ambiguous)\n\n", safe)
+		fmt.Fprintf(tw, "(not retried by egret: %d failures a retry could have fixed safely, the connect never completed; a reset, before or after an ack, is ambiguous)\n\n", safe)
 	}
 	fmt.Fprintln(tw, "UPSTREAM\tREQ/S\tRETRY/S\tAMBIG/S\tNOTSENT/S\tFAILED/S\tREQUESTS\tRETRIES\tAMBIGUOUS\tNOT-SENT\tBUDGET")
 	idle := false
