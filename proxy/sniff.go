@@ -32,7 +32,9 @@ const (
 // longest method we accept and a space.
 const sniffLen = 16
 
-var h2Preface = []byte("PRI * HTTP/2.0\r\n")
+// h2Preface is the first line of the HTTP/2 client preface: enough to tell
+// it apart (serveH2 waits for the rest).
+var h2Preface = []byte(h2FullPreface[:len("PRI * HTTP/2.0\r\n")])
 
 // sniff peeks at the first bytes the client sent on c, waiting at most
 // timeout for them, without consuming anything from br. A read error other

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -54,12 +55,7 @@ func Traffic(t testing.TB, pol proxy.PolicySource, pm *proxy.Metrics, rm *retry.
 		_, _ = io.WriteString(rw, "ok")
 	}))
 	defer up.Close()
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := closed.Addr().String()
-	closed.Close()
+	dead := closedAddr(t).String()
 
 	srv, err := proxy.New(proxy.Config{
 		Mode:   proxy.Explicit,
@@ -71,17 +67,9 @@ func Traffic(t testing.TB, pol proxy.PolicySource, pm *proxy.Metrics, rm *retry.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}()
-	purl, _ := url.Parse("http://" + ln.Addr().String())
+	addr, stop := serve(t, srv)
+	defer stop()
+	purl, _ := url.Parse("http://" + addr)
 	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(purl)}}
 	defer client.CloseIdleConnections()
 	do := func(method, target, wantOutcome string) {
@@ -112,12 +100,7 @@ func Traffic(t testing.TB, pol proxy.PolicySource, pm *proxy.Metrics, rm *retry.
 // "other").
 func Passthrough(t testing.TB, pm *proxy.Metrics, src proxy.Source) {
 	t.Helper()
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := closed.Addr().(*net.TCPAddr).AddrPort()
-	closed.Close()
+	dead := closedAddr(t)
 	srv, err := proxy.New(proxy.Config{
 		Mode:     proxy.Transparent,
 		Resolver: &proxy.StaticResolver{Dst: dead},
@@ -128,17 +111,9 @@ func Passthrough(t testing.TB, pm *proxy.Metrics, src proxy.Source) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
+	addr, stop := serve(t, srv)
+	defer stop()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,5 +124,32 @@ func Passthrough(t testing.TB, pm *proxy.Metrics, src proxy.Source) {
 	}
 	if _, err := io.ReadAll(c); err == nil {
 		t.Fatal("passthrough to a closed port: the client was not reset")
+	}
+}
+
+// closedAddr is a loopback address nothing listens on (a port just let
+// go): a dial to it is refused.
+func closedAddr(t testing.TB) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// serve serves srv on a loopback listener; stop shuts it down (up to 5 s).
+func serve(t testing.TB, srv *proxy.Server) (addr string, stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
 	}
 }
