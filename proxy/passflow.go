@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"net"
-	"sort"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -291,18 +293,8 @@ func (m *Metrics) PassthroughCounts() []PassthroughCounts {
 			Retransmits: ss[i].retrans.Load(), SegsOut: ss[i].segs.Load(),
 		})
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.Source.Namespace != b.Source.Namespace {
-			return a.Source.Namespace < b.Source.Namespace
-		}
-		if a.Source.Pod != b.Source.Pod {
-			return a.Source.Pod < b.Source.Pod
-		}
-		if a.Protocol != b.Protocol {
-			return a.Protocol < b.Protocol
-		}
-		return a.Destination < b.Destination
+	slices.SortFunc(out, func(a, b PassthroughCounts) int {
+		return cmp.Or(a.Source.cmpPod(b.Source), cmp.Compare(a.Protocol, b.Protocol), strings.Compare(a.Destination, b.Destination))
 	})
 	return out
 }

@@ -1,7 +1,9 @@
 package proxy
 
 import (
-	"sort"
+	"cmp"
+	"slices"
+	"strings"
 
 	"github.com/egret-proxy/egret/engine"
 )
@@ -62,17 +64,15 @@ func (m *Metrics) WorkloadCounts() []WorkloadCounts {
 		out = append(out, c)
 	}
 	w.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.Source.Namespace != b.Source.Namespace {
-			return a.Source.Namespace < b.Source.Namespace
-		}
-		if a.Source.Pod != b.Source.Pod {
-			return a.Source.Pod < b.Source.Pod
-		}
-		return a.Upstream < b.Upstream
+	slices.SortFunc(out, func(a, b WorkloadCounts) int {
+		return cmp.Or(a.Source.cmpPod(b.Source), strings.Compare(a.Upstream, b.Upstream))
 	})
 	return out
+}
+
+// cmpPod orders sources by namespace, then pod.
+func (s Source) cmpPod(o Source) int {
+	return cmp.Or(strings.Compare(s.Namespace, o.Namespace), strings.Compare(s.Pod, o.Pod))
 }
 
 // Metrics returns the metrics the server counts in (nil: none).
