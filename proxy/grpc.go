@@ -3,7 +3,6 @@ package proxy
 import (
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/egret-proxy/egret/engine"
@@ -32,14 +31,6 @@ const (
 	grpcUnavailable      = 14
 	grpcUnauthenticated  = 16
 )
-
-// isGRPC reports whether req is a gRPC call: its content type is
-// application/grpc, alone or with a "+" or ";" suffix.
-func isGRPC(req *http.Request) bool {
-	ct := field(req.Header, "Content-Type")
-	rest, ok := strings.CutPrefix(ct, "application/grpc")
-	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
-}
 
 // grpcTimeout parses a Grpc-Timeout value: at most 8 digits and a unit
 // (H, M, S, m, u, n). A zero timeout is the shortest one there is.

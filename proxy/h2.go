@@ -109,7 +109,7 @@ func (h *h2conn) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	c := h.c
 	start := time.Now()
 	id := newRequestID()
-	st := &h2stream{c: c, w: w, rc: http.NewResponseController(w), grpc: isGRPC(req)}
+	st := &h2stream{c: c, w: w, rc: http.NewResponseController(w), grpc: retry.IsGRPC(req.Header)}
 	if !h.track(st.rc) {
 		c.shutdownAnswer(st, req, id, start, "egret shut down as the request came")
 		return
@@ -234,7 +234,7 @@ func (st *h2stream) relay(req *http.Request, x *exchange, res retry.Result, star
 		if cl := field(resp.Header, "Content-Length"); cl != "" {
 			h["Content-Length"] = []string{cl}
 		}
-	case !noBody && resp.ContentLength >= 0 && !strings.HasPrefix(field(resp.Header, "Content-Type"), "application/grpc"):
+	case !noBody && resp.ContentLength >= 0 && !retry.IsGRPC(resp.Header):
 		// gRPC frames its messages itself and sends no Content-Length
 		// (a Trailers-Only answer is a HEADERS frame alone).
 		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}

@@ -14,6 +14,15 @@ const (
 	grpcUnavailable       = "14"
 )
 
+// IsGRPC reports whether h, a request's or a response's header, is a gRPC
+// call's: its content type is application/grpc, alone or with a "+" or
+// ";" suffix.
+func IsGRPC(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	rest, ok := strings.CutPrefix(ct, "application/grpc")
+	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
+}
+
 // grpcRule is how the status rules read a gRPC call's answer that is
 // Trailers-Only (its grpc-status in the response's header: the call ended
 // with its headers), when the call is idempotent (its method declared so
@@ -26,8 +35,7 @@ const (
 //
 // ok is false for every other answer: the rules read its :status.
 func grpcRule(resp *http.Response) (status int, wait time.Duration, hasWait, ok bool) {
-	ct := resp.Header.Get("Content-Type")
-	if !strings.HasPrefix(ct, "application/grpc") {
+	if !IsGRPC(resp.Header) {
 		return 0, 0, false, false
 	}
 	switch resp.Header.Get("Grpc-Status") {
